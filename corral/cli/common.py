@@ -1,0 +1,64 @@
+"""What every corral command shares: the clusters folder, loading, output.
+
+Commands import the heavy parts of corral (Pulumi, ansible-runner) inside
+their own bodies, so `corral validate` never pays for the cloud SDKs.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+
+from corral.model import Cluster, Fleet, ValidationFailed, load_fleet
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+DEFAULT_CLUSTERS = Path(os.environ.get("CORRAL_CLUSTERS", "clusters"))
+
+ClustersOption = Annotated[
+    Path,
+    typer.Option(
+        "--clusters",
+        help="Folder of cluster files (env CORRAL_CLUSTERS).",
+        file_okay=False,
+    ),
+]
+ClusterArg = Annotated[str, typer.Argument(help="Cluster name (clusters/<name>.yaml).", show_default=False)]
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    err.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(code)
+
+
+def report_problems(failed: ValidationFailed) -> NoReturn:
+    """Print every problem, one line each, and exit 1."""
+    for problem in failed.problems:
+        out.print(str(problem), markup=False)
+    files = len({p.file for p in failed.problems})
+    err.print(
+        f"[red]{len(failed.problems)} problem{'s' * (len(failed.problems) != 1)} "
+        f"in {files} file{'s' * (files != 1)}[/]"
+    )
+    raise typer.Exit(1)
+
+
+def fleet_or_exit(paths: list[Path]) -> Fleet:
+    try:
+        return load_fleet(paths)
+    except ValidationFailed as failed:
+        report_problems(failed)
+
+
+def cluster_or_exit(clusters: Path, name: str) -> Cluster:
+    """One cluster, validated together with the rest of its fleet."""
+    path = clusters / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in clusters.glob("*.yaml")) if clusters.is_dir() else []
+        fail(f"no cluster '{name}': {path} does not exist" + (f" (clusters: {', '.join(known)})" if known else ""))
+    return fleet_or_exit([clusters]).clusters[name]

@@ -1,0 +1,95 @@
+"""`corral validate`, `corral list`, `corral show`, `corral schema`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cluster_or_exit, fleet_or_exit, out
+
+
+def _etcd_summary(cluster) -> str:
+    etcd = cluster.control_plane.etcd
+    return f"{etcd.members}x {etcd.disk.type} {etcd.disk.iops:,} IOPS"
+
+
+def validate(
+    paths: Annotated[Optional[list[Path]], typer.Argument(help="Cluster files or folders (default: --clusters).")] = None,
+    clusters: ClustersOption = DEFAULT_CLUSTERS,
+) -> None:
+    """Check cluster files against the schema and the fleet rules."""
+    fleet = fleet_or_exit(paths or [clusters])
+    for cluster in fleet:
+        cp = cluster.control_plane
+        out.print(
+            f"ok {fleet.documents[cluster.name].display}: {cluster.name} "
+            f"({cp.cloud}/{cp.region}, etcd {_etcd_summary(cluster)}, "
+            f"{len(cluster.node_pools)} pools, up to {cluster.node_capacity:,} nodes "
+            f"and {cluster.gpu_capacity:,} GPUs)",
+            markup=False,
+        )
+
+
+def list_clusters(clusters: ClustersOption = DEFAULT_CLUSTERS) -> None:
+    """The fleet at a glance."""
+    fleet = fleet_or_exit([clusters])
+    table = Table(title=f"clusters in {clusters}")
+    for column in ("cluster", "cloud/region", "kubernetes", "etcd", "pools", "nodes (max)", "GPUs (max)"):
+        table.add_column(column, justify="right" if column.endswith(")") else "left")
+    for cluster in fleet:
+        cp = cluster.control_plane
+        kinds = sorted({p.provider for p in cluster.node_pools})
+        pools = f"{len(cluster.node_pools)} ({', '.join(kinds)})" if kinds else "0"
+        table.add_row(
+            cluster.name, f"{cp.cloud}/{cp.region}", cluster.kubernetes.version,
+            _etcd_summary(cluster), pools, f"{cluster.node_capacity:,}", f"{cluster.gpu_capacity:,}",
+        )
+    out.print(table)
+
+
+def show(
+    name: ClusterArg,
+    clusters: ClustersOption = DEFAULT_CLUSTERS,
+    output: Annotated[str, typer.Option("--output", "-o", help="yaml or json.")] = "yaml",
+    expand_hosts: Annotated[bool, typer.Option(help="List every host instead of the patterns.")] = False,
+) -> None:
+    """The cluster's resolved definition: the file plus every default."""
+    from corral.model.render import resolved
+
+    cluster = cluster_or_exit(clusters, name)
+    data = resolved(cluster, expand_hosts=expand_hosts)
+    if output == "json":
+        out.print(json.dumps(data, indent=2), markup=False)
+    elif output == "yaml":
+        from corral.model.render import dump_yaml
+
+        out.print(dump_yaml(data), markup=False, end="")
+    else:
+        raise typer.BadParameter("must be yaml or json", param_hint="--output")
+
+
+def schema(
+    write: Annotated[bool, typer.Option(help="Write clusters/schema.json instead of printing it.")] = False,
+    clusters: ClustersOption = DEFAULT_CLUSTERS,
+) -> None:
+    """The JSON Schema of cluster files, for editors."""
+    from corral.model.render import json_schema_text
+    from corral.util import write_atomic
+
+    text = json_schema_text()
+    if write:
+        write_atomic(clusters / "schema.json", text)
+        out.print(f"wrote {clusters / 'schema.json'}")
+    else:
+        out.print(text, markup=False, end="")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(validate)
+    app.command("list")(list_clusters)
+    app.command()(show)
+    app.command()(schema)

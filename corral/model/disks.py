@@ -1,0 +1,102 @@
+"""Provisioned-IOPS disk types corral puts etcd on, per cloud, with their limits.
+
+Figures from the vendors' documentation (see ../shared/REFERENCE.md):
+- AWS EBS volume types: gp3 3,000-16,000 IOPS, 125-1,000 MiB/s, at most
+  500 IOPS/GiB and 0.25 MiB/s per IOPS; io1 100-64,000 IOPS at most 50 IOPS/GiB;
+  io2 (Block Express) 100-256,000 IOPS at most 1,000 IOPS/GiB. Only gp3 takes
+  a throughput setting.
+  https://docs.aws.amazon.com/ebs/latest/userguide/ebs-volume-types.html
+- Azure managed disks: Premium SSD v2 3,000-80,000 IOPS (500 IOPS/GiB above
+  6 GiB), 125-1,200 MB/s (at most 0.25 MB/s per IOPS); Ultra Disk 100-400,000
+  IOPS (300 IOPS/GiB), 1-10,000 MB/s. Both are data disks on zonal VMs only,
+  with host caching None.
+  https://learn.microsoft.com/azure/virtual-machines/disks-types
+- GCP: pd-extreme 10,000-120,000 IOPS (no throughput setting, min 500 GiB);
+  hyperdisk-extreme 2,500-350,000 IOPS (no throughput setting, min 64 GiB);
+  hyperdisk-balanced 3,000-160,000 IOPS (500 IOPS/GiB) and 140-2,400 MiB/s.
+  https://cloud.google.com/compute/docs/disks/hyperdisks
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Cloud = Literal["azure", "aws", "gcp"]
+
+
+@dataclass(frozen=True)
+class DiskType:
+    cloud: Cloud
+    name: str
+    iops: tuple[int, int]
+    # None: the type takes no throughput setting (it follows from IOPS).
+    throughput_mbps: tuple[int, int] | None
+    size_gib: tuple[int, int]
+    max_iops_per_gib: int | None = None
+    max_mbps_per_iops: float | None = None
+    # What the cloud gives when throughput is not set (its baseline).
+    default_throughput_mbps: int | None = None
+
+    @property
+    def takes_throughput(self) -> bool:
+        return self.throughput_mbps is not None
+
+
+DISK_TYPES: dict[str, DiskType] = {
+    d.name: d
+    for d in (
+        DiskType("azure", "PremiumV2_LRS", (3_000, 80_000), (125, 1_200), (1, 65_536),
+                 max_iops_per_gib=500, max_mbps_per_iops=0.25, default_throughput_mbps=125),
+        DiskType("azure", "UltraSSD_LRS", (100, 400_000), (1, 10_000), (4, 65_536),
+                 max_iops_per_gib=300, default_throughput_mbps=None),
+        DiskType("aws", "gp3", (3_000, 16_000), (125, 1_000), (1, 16_384),
+                 max_iops_per_gib=500, max_mbps_per_iops=0.25, default_throughput_mbps=125),
+        DiskType("aws", "io1", (100, 64_000), None, (4, 16_384), max_iops_per_gib=50),
+        DiskType("aws", "io2", (100, 256_000), None, (4, 65_536), max_iops_per_gib=1_000),
+        DiskType("gcp", "pd-extreme", (10_000, 120_000), None, (500, 65_536)),
+        DiskType("gcp", "hyperdisk-extreme", (2_500, 350_000), None, (64, 65_536)),
+        DiskType("gcp", "hyperdisk-balanced", (3_000, 160_000), (140, 2_400), (4, 65_536),
+                 max_iops_per_gib=500, default_throughput_mbps=140),
+    )
+}
+
+# What a cluster gets when its file names no etcd disk type.
+DEFAULT_DISK_TYPE: dict[str, str] = {
+    "azure": "PremiumV2_LRS",
+    "aws": "gp3",
+    "gcp": "hyperdisk-balanced",
+}
+
+
+def disk_types_for(cloud: str) -> list[str]:
+    return [d.name for d in DISK_TYPES.values() if d.cloud == cloud]
+
+
+def default_throughput(disk: DiskType, iops: int) -> int | None:
+    """Throughput to provision when the file leaves it out.
+
+    The cloud's baseline where it has one; for Ultra Disk (no baseline) the
+    throughput of 4 KiB writes at the provisioned IOPS, which is what etcd's
+    small fsync'd WAL writes need.
+    """
+    if not disk.takes_throughput:
+        return None
+    if disk.default_throughput_mbps is not None:
+        return disk.default_throughput_mbps
+    low, high = disk.throughput_mbps
+    return max(low, min(high, iops * 4 // 1000))
+
+
+def etcd_iops_floor(node_capacity: int) -> int:
+    """The least provisioned IOPS corral accepts for etcd at a cluster's size.
+
+    etcd's hardware guide: ~500 sequential IOPS for heavily loaded clusters,
+    and cloud figures are concurrent IOPS, often 10x the sequential figure.
+    OpenAI ran 2,500 nodes on network SSD rated 5,000 IOPS (~2 ms writes).
+    """
+    if node_capacity >= 2_500:
+        return 10_000
+    if node_capacity >= 500:
+        return 5_000
+    return 3_000

@@ -1,0 +1,124 @@
+"""Reading cluster files: YAML text -> plain data, and data paths -> file positions.
+
+Reading takes the libyaml-backed safe loader (fast: a 7,500-host file reads
+in tens of milliseconds). Positions are only needed when something is wrong,
+so the slower round-trip loader, which knows where every node sits, runs
+only then. Both are ruamel.yaml with YAML 1.2 rules, so they agree on what a
+scalar means (`yes` stays a string, `1.30` is a float).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ruamel.yaml import YAML
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+PathElem = str | int
+
+
+@dataclass(frozen=True, order=True)
+class Problem:
+    """One thing wrong with a cluster file, at a place a reviewer can find."""
+
+    file: str
+    line: int
+    column: int
+    path: tuple[PathElem, ...] = field(compare=False)
+    message: str = field(compare=False)
+
+    @property
+    def field_path(self) -> str:
+        out = ""
+        for elem in self.path:
+            out += f"[{elem}]" if isinstance(elem, int) else (f".{elem}" if out else str(elem))
+        return out or "(file)"
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.column}: {self.field_path}: {self.message}"
+
+
+class ValidationFailed(Exception):
+    """A cluster file (or the fleet) has problems; `problems` lists them all."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = sorted(problems)
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+def _fast_loader() -> YAML:
+    return YAML(typ="safe", pure=False)
+
+
+class Document:
+    """One cluster file's text and data, with positions found on demand."""
+
+    def __init__(self, path: Path, text: str, display: str | None = None):
+        self.path = path
+        self.display = display or str(path)
+        self.text = text
+        self._tree: Any = None
+
+    @classmethod
+    def read(cls, path: Path, display: str | None = None) -> Document:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            raise ValidationFailed(
+                [Problem(display or str(path), 1, 1, (), f"not UTF-8 text ({err.reason})")]
+            ) from None
+        except OSError as err:
+            raise ValidationFailed(
+                [Problem(display or str(path), 1, 1, (), f"cannot read: {err.strerror}")]
+            ) from None
+        return cls(path, text, display)
+
+    def load(self) -> Any:
+        """The file's data as plain dicts, lists and scalars."""
+        try:
+            return _fast_loader().load(self.text)
+        except MarkedYAMLError as err:
+            mark = err.problem_mark or err.context_mark
+            line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+            reason = err.problem or err.context or "invalid YAML"
+            raise ValidationFailed(
+                [Problem(self.display, line, col, (), f"YAML syntax error: {reason}")]
+            ) from None
+        except YAMLError as err:
+            raise ValidationFailed([Problem(self.display, 1, 1, (), f"YAML error: {err}")]) from None
+
+    def _round_trip(self) -> Any:
+        if self._tree is None:
+            yaml = YAML(typ="rt")
+            yaml.allow_duplicate_keys = True
+            self._tree = yaml.load(self.text)
+        return self._tree
+
+    def position(self, path: tuple[PathElem, ...]) -> tuple[int, int]:
+        """1-based line and column of the deepest node on `path` that exists.
+
+        Path elements that are not in the file (a pydantic union tag, a
+        missing key) are skipped, so an error about a missing field points
+        at the mapping that lacks it.
+        """
+        node = self._round_trip()
+        line, col = 1, 1
+        for elem in path:
+            lc = getattr(node, "lc", None)
+            if isinstance(node, dict) and elem in node:
+                if lc is not None:
+                    line, col = lc.key(elem)[0] + 1, lc.key(elem)[1] + 1
+                node = node[elem]
+            elif isinstance(node, list) and isinstance(elem, int) and 0 <= elem < len(node):
+                if lc is not None:
+                    line, col = lc.item(elem)[0] + 1, lc.item(elem)[1] + 1
+                node = node[elem]
+            else:
+                continue
+        return line, col
+
+    def problem(self, path: tuple[PathElem, ...], message: str) -> Problem:
+        line, col = self.position(path)
+        return Problem(self.display, line, col, tuple(path), message)

@@ -1,0 +1,261 @@
+"""Rules that relate one field to others, in a cluster or across the fleet.
+
+Each rule yields `(path, message)` with the path in the file's own key names,
+so the loader can point at the line a reviewer must change.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterator, Mapping
+
+from .hosts import expand
+from .disks import DISK_TYPES, disk_types_for, etcd_iops_floor
+from .schema import Cluster, CloudPool, OnPremPool
+
+Finding = tuple[tuple, str]
+
+# Zone names per cloud. Azure numbers its availability zones "1".."3"; AWS
+# and GCP name them after the region with a letter suffix.
+def zone_error(cloud: str, region: str, zone: str) -> str | None:
+    if cloud == "azure" and zone not in ("1", "2", "3"):
+        return f"Azure zone '{zone}' must be \"1\", \"2\" or \"3\""
+    if cloud == "aws" and not re.fullmatch(re.escape(region) + r"[a-z]", zone):
+        return f"AWS zone '{zone}' must be in region {region}, like {region}a"
+    if cloud == "gcp" and not re.fullmatch(re.escape(region) + r"-[a-z]", zone):
+        return f"GCP zone '{zone}' must be in region {region}, like {region}-a"
+    return None
+
+
+# Machine type shapes per cloud: a type copied from another cloud's file is a
+# common slip, and the cloud would only reject it at `pulumi up` time.
+MACHINE_TYPE_SHAPES = {
+    "azure": (re.compile(r"^Standard_[A-Za-z0-9_]+$"), "Standard_D32s_v5"),
+    "aws": (re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$"), "m7i.8xlarge"),
+    "gcp": (re.compile(r"^[a-z][a-z0-9]*-[a-z0-9-]+$"), "n2-standard-32"),
+}
+
+
+def machine_type_error(cloud: str, machine_type: str) -> str | None:
+    shape, example = MACHINE_TYPE_SHAPES[cloud]
+    if not shape.match(machine_type):
+        return f"'{machine_type}' is not a {cloud} machine type (like {example})"
+    return None
+
+
+def check_cluster(cluster: Cluster) -> list[Finding]:
+    return [
+        *_control_plane(cluster),
+        *_etcd_disk(cluster),
+        *_networks(cluster),
+        *_sites(cluster),
+        *_pools(cluster),
+        *_network_settings(cluster),
+        *_teams(cluster),
+    ]
+
+
+def _control_plane(cluster: Cluster) -> Iterator[Finding]:
+    cp = cluster.control_plane
+    for i, zone in enumerate(cp.zones):
+        if message := zone_error(cp.cloud, cp.region, zone):
+            yield ("controlPlane", "zones", i), message
+    if len(set(cp.zones)) != len(cp.zones):
+        yield ("controlPlane", "zones"), "a zone is listed twice"
+    members = cp.etcd.members
+    if members % 2 == 0 or not 3 <= members <= 7:
+        yield ("controlPlane", "etcd", "members"), (
+            f"etcd needs an odd number of members from 3 to 7, not {members} "
+            "(an even count adds no fault tolerance)"
+        )
+    for path, machine_type in (
+        (("controlPlane", "apiServers", "machineType"), cp.api_servers.machine_type),
+        (("controlPlane", "etcd", "machineType"), cp.etcd.machine_type),
+    ):
+        if message := machine_type_error(cp.cloud, machine_type):
+            yield path, message
+
+
+def _etcd_disk(cluster: Cluster) -> Iterator[Finding]:
+    cloud = cluster.control_plane.cloud
+    disk = cluster.control_plane.etcd.disk
+    here = ("controlPlane", "etcd", "disk")
+    kind = DISK_TYPES.get(disk.type)
+    if kind is None or kind.cloud != cloud:
+        yield (*here, "type"), (
+            f"'{disk.type}' is not a provisioned-IOPS disk type on {cloud}; "
+            f"use one of {', '.join(disk_types_for(cloud))}"
+        )
+        return
+    low, high = kind.size_gib
+    if not low <= disk.size_gib <= high:
+        yield (*here, "sizeGiB"), f"{kind.name} disks are {low} to {high} GiB, not {disk.size_gib}"
+    low, high = kind.iops
+    if not low <= disk.iops <= high:
+        yield (*here, "iops"), f"{kind.name} takes {low:,} to {high:,} IOPS, not {disk.iops:,}"
+    elif kind.max_iops_per_gib and disk.iops > kind.max_iops_per_gib * disk.size_gib:
+        yield (*here, "iops"), (
+            f"{kind.name} allows at most {kind.max_iops_per_gib} IOPS per GiB: "
+            f"{disk.iops:,} IOPS needs at least {-(-disk.iops // kind.max_iops_per_gib)} GiB"
+        )
+    floor = etcd_iops_floor(cluster.node_capacity)
+    if disk.iops < floor:
+        yield (*here, "iops"), (
+            f"{disk.iops:,} IOPS is too few for etcd in a cluster of up to "
+            f"{cluster.node_capacity:,} nodes; provision at least {floor:,}"
+        )
+    if not kind.takes_throughput:
+        if disk.throughput_mbps is not None:
+            yield (*here, "throughputMBps"), (
+                f"{kind.name} takes no throughput setting (it follows from IOPS); remove it"
+            )
+        return
+    low, high = kind.throughput_mbps
+    if not low <= disk.throughput_mbps <= high:
+        yield (*here, "throughputMBps"), (
+            f"{kind.name} takes {low:,} to {high:,} MB/s, not {disk.throughput_mbps:,}"
+        )
+    elif kind.max_mbps_per_iops and disk.throughput_mbps > kind.max_mbps_per_iops * disk.iops:
+        yield (*here, "throughputMBps"), (
+            f"{kind.name} allows at most {kind.max_mbps_per_iops} MB/s per IOPS: "
+            f"{disk.throughput_mbps} MB/s needs at least {int(disk.throughput_mbps / kind.max_mbps_per_iops):,} IOPS"
+        )
+
+
+def _networks(cluster: Cluster) -> Iterator[Finding]:
+    named = [
+        (("kubernetes", "podCIDR"), "the pod network", cluster.kubernetes.pod_cidr),
+        (("kubernetes", "serviceCIDR"), "the service network", cluster.kubernetes.service_cidr),
+        (("controlPlane", "networkCIDR"), "the control plane's network", cluster.control_plane.network_cidr),
+    ]
+    for i, site in enumerate(cluster.sites):
+        for j, cidr in enumerate(site.cidrs):
+            named.append((("sites", i, "cidrs", j), f"site {site.name}'s network", cidr))
+    nets = [(path, what, ipaddress.ip_network(cidr)) for path, what, cidr in named]
+    for a in range(len(nets)):
+        for b in range(a + 1, len(nets)):
+            path_a, what_a, net_a = nets[a]
+            path_b, what_b, net_b = nets[b]
+            if net_a.version == net_b.version and net_a.overlaps(net_b):
+                yield path_b, f"{net_b} overlaps {what_a} {net_a}"
+
+
+def _sites(cluster: Cluster) -> Iterator[Finding]:
+    seen: set[str] = set()
+    for i, site in enumerate(cluster.sites):
+        if site.name in seen:
+            yield ("sites", i, "name"), f"site '{site.name}' is defined twice"
+        seen.add(site.name)
+
+
+def _pools(cluster: Cluster) -> Iterator[Finding]:
+    names: set[str] = set()
+    host_owner: dict[str, str] = {}
+    for i, pool in enumerate(cluster.node_pools):
+        here = ("nodePools", i)
+        if pool.name in names:
+            yield (*here, "name"), f"pool '{pool.name}' is defined twice"
+        names.add(pool.name)
+        if pool.gpu is None and any(k.startswith("nvidia.com/") for k in pool.labels):
+            yield (*here, "labels"), "nvidia.com/ labels belong to GPU pools; declare gpu: instead"
+        if isinstance(pool, OnPremPool):
+            yield from _onprem_pool(cluster, pool, here, host_owner)
+        else:
+            yield from _cloud_pool(cluster, pool, here)
+
+
+def _onprem_pool(cluster: Cluster, pool: OnPremPool, here: tuple, host_owner: dict) -> Iterator[Finding]:
+    site = cluster.site(pool.site)
+    if site is None:
+        known = ", ".join(s.name for s in cluster.sites) or "none defined"
+        yield (*here, "site"), f"unknown site '{pool.site}' (sites: {known})"
+    elif site.vpn is None:
+        yield (*here, "site"), (
+            f"site '{pool.site}' has no vpn: its nodes could not reach the control plane"
+        )
+    for j, pattern in enumerate(pool.hosts):
+        for host in expand(pattern):
+            owner = host_owner.get(host)
+            if owner is not None:
+                yield (*here, "hosts", j), f"host '{host}' is already in pool '{owner}'"
+                break
+            host_owner[host] = pool.name
+    if pool.gpu and pool.gpu.driver is None:
+        yield (*here, "gpu", "driver"), "on-prem GPU pools must pin an NVIDIA driver version"
+
+
+def _cloud_pool(cluster: Cluster, pool: CloudPool, here: tuple) -> Iterator[Finding]:
+    cp = cluster.control_plane
+    if pool.provider != cp.cloud:
+        yield (*here, "provider"), (
+            f"pool on {pool.provider}, but the control plane is on {cp.cloud}: "
+            "cloud pools live in the control plane's cloud and region"
+        )
+        return
+    if message := machine_type_error(pool.provider, pool.machine_type):
+        yield (*here, "machineType"), message
+    for j, zone in enumerate(pool.zones or []):
+        if message := zone_error(cp.cloud, cp.region, zone):
+            yield (*here, "zones", j), message
+    if pool.min_size > pool.max_size:
+        yield (*here, "minSize"), f"minSize {pool.min_size} is larger than maxSize {pool.max_size}"
+
+
+def _network_settings(cluster: Cluster) -> Iterator[Finding]:
+    flannel = cluster.network.flannel
+    if flannel.direct_routing and flannel.backend != "vxlan":
+        yield ("network", "flannel", "directRouting"), (
+            f"directRouting is a vxlan option; backend is {flannel.backend}"
+        )
+    arp = cluster.network.arp_cache
+    if not arp.gc_thresh1 < arp.gc_thresh2 < arp.gc_thresh3:
+        yield ("network", "arpCache", "gcThresh2"), (
+            f"ARP thresholds must ascend: gcThresh1 {arp.gc_thresh1} < gcThresh2 "
+            f"{arp.gc_thresh2} < gcThresh3 {arp.gc_thresh3}"
+        )
+    for i, pool in enumerate(cluster.node_pools):
+        roce = getattr(pool, "roce", None)
+        if roce and flannel.mtu > roce.mtu - 50:
+            yield ("nodePools", i, "roce", "mtu"), (
+                f"flannel's MTU {flannel.mtu} needs a NIC MTU of at least {flannel.mtu + 50} "
+                f"(VXLAN adds 50 bytes); this pool's is {roce.mtu}"
+            )
+
+
+def _teams(cluster: Cluster) -> Iterator[Finding]:
+    reserved_by: dict[str, str] = {}
+    namespace_owner: dict[str, str] = {}
+    for i, team in enumerate(cluster.scheduling.teams):
+        here = ("scheduling", "teams", i)
+        for j, pool_name in enumerate(team.reserved_pools):
+            if cluster.pool(pool_name) is None:
+                known = ", ".join(p.name for p in cluster.node_pools) or "none defined"
+                yield (*here, "reservedPools", j), f"no pool named '{pool_name}' (pools: {known})"
+            elif pool_name in reserved_by:
+                yield (*here, "reservedPools", j), (
+                    f"pool '{pool_name}' is already reserved by team '{reserved_by[pool_name]}'"
+                )
+            reserved_by.setdefault(pool_name, team.name)
+        for j, namespace in enumerate(team.namespaces):
+            if namespace in namespace_owner:
+                yield (*here, "namespaces", j), (
+                    f"namespace '{namespace}' already belongs to team '{namespace_owner[namespace]}'"
+                )
+            namespace_owner.setdefault(namespace, team.name)
+
+
+def check_fleet(clusters: Mapping[str, Cluster]) -> Iterator[tuple[str, tuple, str]]:
+    """Rules across clusters: no host in two clusters."""
+    owner: dict[str, str] = {}
+    for name, cluster in clusters.items():
+        for i, pool in enumerate(cluster.node_pools):
+            if not isinstance(pool, OnPremPool):
+                continue
+            for j, pattern in enumerate(pool.hosts):
+                for host in expand(pattern):
+                    other = owner.get(host)
+                    if other is not None and other != name:
+                        yield name, ("nodePools", i, "hosts", j), f"host '{host}' is also in cluster '{other}'"
+                        break
+                    owner[host] = name

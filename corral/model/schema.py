@@ -1,0 +1,410 @@
+"""The typed cluster definition: what one `clusters/<name>.yaml` may say.
+
+Field names are snake_case in Python and camelCase in YAML (the contract in
+the README); a few keys keep their upper-case acronyms (podCIDR, sizeGiB).
+Per-field checks live here; rules that relate fields to each other or to the
+rest of the fleet live in `rules.py`, so each message can name the field it
+is about. Size-dependent defaults are filled in `Cluster._resolve_defaults`,
+and `corral show` prints the result.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from functools import cached_property
+from typing import Annotated, Literal, Union
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from . import hosts as hostnames
+from .disks import DEFAULT_DISK_TYPE, DISK_TYPES, default_throughput, etcd_iops_floor
+
+API_VERSION = "corral.dev/v1"
+Cloud = Literal["azure", "aws", "gcp"]
+CLOUDS: tuple[str, ...] = ("azure", "aws", "gcp")
+PROVIDERS: tuple[str, ...] = ("onprem", *CLOUDS)
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+# Labels corral puts on every node; users' own labels go beside them.
+LABEL_DOMAIN = "corral.dev"
+TEAM_TAINT_KEY = f"{LABEL_DOMAIN}/team"
+
+
+class Spec(BaseModel):
+    """Base of every section: camelCase keys, unknown keys rejected."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        str_strip_whitespace=False,
+    )
+
+
+# --- Kubernetes names, as the API server checks them -----------------------
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+
+
+def check_label_key(key: str) -> str:
+    """A label or taint key: `[prefix/]name`, as apimachinery's IsQualifiedName."""
+    prefix, _, name = key.rpartition("/")
+    if "/" in prefix:
+        raise ValueError(f"label key '{key}' has more than one '/'")
+    if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+        raise ValueError(
+            f"label key prefix '{prefix}' must be a DNS subdomain (lower-case, at most 253 characters)"
+        )
+    if not name or len(name) > 63 or not _QUALIFIED_NAME.match(name):
+        raise ValueError(
+            f"label key '{key}': the name part must be 1-63 characters of letters, digits, "
+            "'-', '_' or '.', starting and ending with a letter or digit"
+        )
+    return key
+
+
+def check_label_value(value: str) -> str:
+    if value and (len(value) > 63 or not _QUALIFIED_NAME.match(value)):
+        raise ValueError(
+            f"label value '{value}' must be at most 63 characters of letters, digits, "
+            "'-', '_' or '.', starting and ending with a letter or digit"
+        )
+    return value
+
+
+def check_dns_label(value: str) -> str:
+    if len(value) > 40 or not _DNS_LABEL.match(value):
+        raise ValueError(
+            f"'{value}' must be a lower-case name of letters, digits and '-', at most 40 characters"
+        )
+    return value
+
+
+def check_cidr(value: str) -> str:
+    try:
+        ipaddress.ip_network(value, strict=True)
+    except ValueError as err:
+        raise ValueError(f"'{value}' is not a network in CIDR form ({err})") from None
+    return value
+
+
+def check_host_pattern(value: str) -> str:
+    try:
+        hostnames.count(value)
+        if "[" not in value:
+            hostnames.expand(value)
+    except hostnames.HostPatternError as err:
+        raise ValueError(str(err)) from None
+    return value
+
+
+def check_kubernetes_version(value: str) -> str:
+    if not re.match(r"^1\.\d{1,2}\.\d{1,3}$", value):
+        raise ValueError(f"'{value}' must be a full Kubernetes version like \"1.31.4\" (quoted)")
+    return value
+
+
+LabelKey = Annotated[str, AfterValidator(check_label_key)]
+LabelValue = Annotated[str, AfterValidator(check_label_value)]
+Name = Annotated[str, AfterValidator(check_dns_label)]
+Cidr = Annotated[str, AfterValidator(check_cidr)]
+HostPattern = Annotated[str, AfterValidator(check_host_pattern)]
+
+
+def _parse_taint(value: object) -> object:
+    """Taints may be written as `key=value:Effect` strings, as kubectl prints them."""
+    if not isinstance(value, str):
+        return value
+    body, sep, effect = value.rpartition(":")
+    if not sep:
+        raise ValueError(f"taint '{value}' must look like key=value:Effect or key:Effect")
+    key, _, val = body.partition("=")
+    return {"key": key, "value": val, "effect": effect}
+
+
+class Taint(Spec):
+    key: LabelKey
+    value: LabelValue = ""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"
+
+
+TaintSpec = Annotated[Taint, BeforeValidator(_parse_taint, json_schema_input_type=Union[str, Taint])]
+
+
+# --- Sections ---------------------------------------------------------------
+
+
+class KubernetesSpec(Spec):
+    version: Annotated[str, AfterValidator(check_kubernetes_version)]
+    pod_cidr: Cidr = Field("10.128.0.0/14", alias="podCIDR")
+    service_cidr: Cidr = Field("10.96.0.0/16", alias="serviceCIDR")
+
+    @property
+    def minor(self) -> str:
+        """`1.31` of `1.31.4`: the apt repository track and API schema set."""
+        return ".".join(self.version.split(".")[:2])
+
+
+class ApiServers(Spec):
+    count: int = Field(3, ge=1, le=9)
+    machine_type: str
+
+
+class EtcdDisk(Spec):
+    type: str | None = None
+    size_gib: int = Field(256, ge=1, alias="sizeGiB")
+    iops: int | None = Field(None, ge=1)
+    throughput_mbps: int | None = Field(None, ge=1, alias="throughputMBps")
+
+
+class Etcd(Spec):
+    members: int = Field(5, description="odd, 3..7")
+    machine_type: str
+    disk: EtcdDisk = EtcdDisk()
+    # OpenAI's large clusters kept events in their own etcd cluster, so event
+    # churn cannot slow down writes of everything else. Defaults on for
+    # clusters of 1,000 nodes and more.
+    dedicated_events_cluster: bool | None = None
+    # etcd's default quota is 2 GiB; large clusters raise it (8 GiB suggested max).
+    quota_backend_gib: int = Field(8, ge=2, le=8, alias="quotaBackendGiB")
+
+
+class ControlPlane(Spec):
+    cloud: Cloud
+    region: str = Field(min_length=1)
+    zones: list[str] = Field(min_length=1)
+    network_cidr: Cidr = Field(alias="networkCIDR")
+    api_servers: ApiServers
+    etcd: Etcd
+
+
+class Vpn(Spec):
+    peer_address: ipaddress.IPv4Address
+    bgp_asn: int = Field(ge=1, le=4_294_967_295, alias="bgpASN")
+
+
+class Site(Spec):
+    name: Name
+    cidrs: list[Cidr] = Field(min_length=1)
+    vpn: Vpn | None = None
+    # Air-gapped data centres: base URL of the site's package mirror, and/or a
+    # proxy the nodes use for apt.
+    apt_mirror: str | None = None
+    http_proxy: str | None = None
+
+
+class Flannel(Spec):
+    backend: Literal["vxlan", "host-gw", "wireguard", "ipip"] = "vxlan"
+    direct_routing: bool = True
+    mtu: int = Field(1450, ge=1280, le=9000)
+    vni: int = Field(1, ge=1, le=16_777_215)
+    port: int = Field(8472, ge=1, le=65_535)
+
+
+class ArpCache(Spec):
+    gc_thresh1: int = Field(ge=1)
+    gc_thresh2: int = Field(ge=1)
+    gc_thresh3: int = Field(ge=1)
+
+    @classmethod
+    def for_nodes(cls, node_capacity: int) -> ArpCache:
+        """Neighbour table sizes for a cluster of this many nodes.
+
+        With flannel direct routing every node holds a neighbour entry per
+        peer on its subnet, plus its own pods. 16 entries per node, at least
+        the kernel-default-beating 8,192 and at most OpenAI's 7,500-node
+        figures (80,000 / 90,000 / 100,000), which a 6,250-node cluster reaches.
+        """
+        high = max(8_192, min(100_000, 16 * node_capacity))
+        return cls(gc_thresh1=high * 8 // 10, gc_thresh2=high * 9 // 10, gc_thresh3=high)
+
+
+class Network(Spec):
+    flannel: Flannel = Flannel()
+    arp_cache: ArpCache | None = None
+
+
+class Team(Spec):
+    name: Name
+    namespaces: list[Name] = Field(min_length=1)
+    reserved_pools: list[str] = []
+
+
+class Scheduling(Spec):
+    bin_packing: bool = True
+    # Gang scheduling of MPI jobs with scheduler-plugins' Coscheduling.
+    coscheduling: bool = False
+    teams: list[Team] = []
+
+
+class Gpu(Spec):
+    model: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    count: int = Field(ge=1, le=16)
+    driver: str | None = Field(None, pattern=r"^\d+\.\d+(\.\d+)?$")
+    fabric_manager: bool = False
+
+
+class Roce(Spec):
+    interfaces: list[str] = Field(min_length=1)
+    mtu: int = Field(9000, ge=1280, le=9216)
+    pfc_priority: int = Field(3, ge=0, le=7)
+    dscp: int = Field(26, ge=0, le=63)
+    ecn: bool = True
+
+
+class PoolBase(Spec):
+    name: Name
+    gpu: Gpu | None = None
+    labels: dict[LabelKey, LabelValue] = {}
+    taints: list[TaintSpec] = []
+
+
+class OnPremPool(PoolBase):
+    provider: Literal["onprem"]
+    site: str
+    hosts: list[HostPattern] = Field(min_length=1)
+    roce: Roce | None = None
+
+    @cached_property
+    def host_names(self) -> list[str]:
+        return [h for pattern in self.hosts for h in hostnames.expand(pattern)]
+
+    @property
+    def capacity(self) -> int:
+        return sum(hostnames.count(p) for p in self.hosts)
+
+
+class CloudPool(PoolBase):
+    provider: Cloud
+    machine_type: str
+    zones: list[str] | None = None  # default: the control plane's zones
+    min_size: int = Field(0, ge=0)
+    max_size: int = Field(ge=0)
+    disk_size_gib: int = Field(200, ge=30, le=4096, alias="diskSizeGiB")
+    spot: bool = False
+
+    @property
+    def capacity(self) -> int:
+        return self.max_size
+
+
+NodePool = Annotated[Union[OnPremPool, CloudPool], Field(discriminator="provider")]
+
+
+class Cluster(Spec):
+    api_version: Literal["corral.dev/v1"] = Field(alias="apiVersion")
+    kind: Literal["Cluster"]
+    name: Annotated[str, AfterValidator(check_dns_label)]
+    description: str = ""
+    kubernetes: KubernetesSpec
+    control_plane: ControlPlane
+    sites: list[Site] = []
+    network: Network = Network()
+    scheduling: Scheduling = Scheduling()
+    node_pools: list[NodePool] = []
+
+    @model_validator(mode="after")
+    def _resolve_defaults(self) -> Cluster:
+        """Fill what the file leaves out from the rest of the cluster."""
+        nodes = self.node_capacity
+        if self.network.arp_cache is None:
+            self.network.arp_cache = ArpCache.for_nodes(nodes)
+        etcd = self.control_plane.etcd
+        if etcd.dedicated_events_cluster is None:
+            etcd.dedicated_events_cluster = nodes >= 1_000
+        disk = etcd.disk
+        if disk.type is None:
+            disk.type = DEFAULT_DISK_TYPE[self.control_plane.cloud]
+        kind = DISK_TYPES.get(disk.type)
+        if disk.iops is None:
+            disk.iops = max(etcd_iops_floor(nodes), kind.iops[0] if kind else 0)
+        if disk.throughput_mbps is None and kind is not None:
+            disk.throughput_mbps = default_throughput(kind, disk.iops)
+        for pool in self.cloud_pools:
+            if pool.zones is None:
+                pool.zones = list(self.control_plane.zones)
+        return self
+
+    # --- Views the other layers use, so they agree on one meaning. ---------
+
+    @property
+    def onprem_pools(self) -> list[OnPremPool]:
+        return [p for p in self.node_pools if isinstance(p, OnPremPool)]
+
+    @property
+    def cloud_pools(self) -> list[CloudPool]:
+        return [p for p in self.node_pools if isinstance(p, CloudPool)]
+
+    @property
+    def node_capacity(self) -> int:
+        """Most nodes the cluster can have: on-prem hosts plus cloud pool maxima."""
+        return sum(p.capacity for p in self.node_pools)
+
+    @property
+    def gpu_capacity(self) -> int:
+        return sum(p.capacity * p.gpu.count for p in self.node_pools if p.gpu)
+
+    def pool(self, name: str) -> OnPremPool | CloudPool | None:
+        return next((p for p in self.node_pools if p.name == name), None)
+
+    def site(self, name: str) -> Site | None:
+        return next((s for s in self.sites if s.name == name), None)
+
+    def teams_reserving(self, pool_name: str) -> list[Team]:
+        return [t for t in self.scheduling.teams if pool_name in t.reserved_pools]
+
+    def node_labels(self, pool: OnPremPool | CloudPool) -> dict[str, str]:
+        """Labels a pool's nodes register with (join and cloud pools alike)."""
+        location = (
+            f"onprem-{pool.site}" if isinstance(pool, OnPremPool)
+            else f"{pool.provider}-{self.control_plane.region}"
+        )
+        labels = {
+            f"{LABEL_DOMAIN}/cluster": self.name,
+            f"{LABEL_DOMAIN}/pool": pool.name,
+            f"{LABEL_DOMAIN}/provider": pool.provider,
+            f"{LABEL_DOMAIN}/location": location,
+        }
+        if isinstance(pool, OnPremPool):
+            labels[f"{LABEL_DOMAIN}/site"] = pool.site
+            if pool.roce:
+                labels[f"{LABEL_DOMAIN}/roce"] = "true"
+        if pool.gpu:
+            labels[f"{LABEL_DOMAIN}/gpu-model"] = pool.gpu.model
+            labels[f"{LABEL_DOMAIN}/gpu-count"] = str(pool.gpu.count)
+            # The NVIDIA device plugin's DaemonSet selects nodes by this label.
+            labels["nvidia.com/gpu.present"] = "true"
+        for team in self.teams_reserving(pool.name):
+            labels[TEAM_TAINT_KEY] = team.name
+        labels.update(pool.labels)
+        return labels
+
+    def node_taints(self, pool: OnPremPool | CloudPool) -> list[Taint]:
+        """Taints a pool's nodes register with: its own plus team reservations."""
+        taints = list(pool.taints)
+        for team in self.teams_reserving(pool.name):
+            taints.append(Taint(key=TEAM_TAINT_KEY, value=team.name, effect="NoSchedule"))
+        if pool.gpu:
+            # Keep CPU-only pods off GPU machines; the device plugin and GPU
+            # pods tolerate it.
+            taints.append(Taint(key="nvidia.com/gpu", value="present", effect="NoSchedule"))
+        seen, unique = set(), []
+        for taint in taints:
+            if (taint.key, taint.effect) not in seen:
+                seen.add((taint.key, taint.effect))
+                unique.append(taint)
+        return unique
