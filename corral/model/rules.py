@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterator, Mapping
 
 from .hosts import expand
+from .layout import MAX_ZONES, layout, network_too_small
 from .disks import DISK_TYPES, disk_types_for, etcd_iops_floor
 from .schema import Cluster, CloudPool, OnPremPool
 
@@ -63,6 +64,18 @@ def _control_plane(cluster: Cluster) -> Iterator[Finding]:
             yield ("controlPlane", "zones", i), message
     if len(set(cp.zones)) != len(cp.zones):
         yield ("controlPlane", "zones"), "a zone is listed twice"
+    if len(cp.zones) > MAX_ZONES:
+        yield ("controlPlane", "zones", MAX_ZONES), f"at most {MAX_ZONES} zones"
+    if message := network_too_small(cp.network_cidr):
+        yield ("controlPlane", "networkCIDR"), message
+    elif cluster.cloud_pools:
+        usable = sum(ipaddress.ip_network(z.node_subnet).num_addresses - 5 for z in layout(cluster).zones)
+        wanted = sum(p.max_size for p in cluster.cloud_pools if p.provider == cp.cloud)
+        if wanted > usable:
+            yield ("controlPlane", "networkCIDR"), (
+                f"the node subnets of {cp.network_cidr} hold {usable:,} machines, "
+                f"but the cloud pools may grow to {wanted:,}; use a larger network"
+            )
     members = cp.etcd.members
     if members % 2 == 0 or not 3 <= members <= 7:
         yield ("controlPlane", "etcd", "members"), (

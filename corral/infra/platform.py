@@ -1,0 +1,71 @@
+"""The contract every cloud package honours: the same components, the same inputs.
+
+A reader who knows one cloud's package knows all three. Each package
+(`corral.infra.azure`, `.aws`, `.gcp`) exports these ComponentResource
+classes, with these constructor signatures and attributes:
+
+    Network(name, ctx, opts=None)
+        The VPC/VNet, a control, public and node subnet per zone (addresses
+        from `ctx.layout`), NAT egress, and firewall rules: 6443 open to the
+        nodes' networks and the sites, 2379-2380 only between etcd members and
+        API servers, 10250 and flannel's UDP port between nodes.
+
+    Etcd(name, ctx, network, members, user_data, opts=None)
+        One VM per `members[i]` (a `Machine`: name, zone, fixed private IP),
+        each with a data disk of `ctx.cluster.control_plane.etcd.disk`
+        (type, size, IOPS, throughput) mounted at /var/lib/etcd, the disk
+        protected against deletion; `user_data[i]` is the member's
+        cloud-init. Instantiated twice when the cluster has a dedicated
+        events etcd cluster.
+
+    ApiServers(name, ctx, network, user_data, opts=None)
+        `ctx.layout.api_servers` VMs behind an internal TCP load balancer on
+        6443 (frontend address `ctx.layout.api_vip`) with an HTTPS /readyz
+        health check. `user_data[i]` is server i's cloud-init.
+
+    NodePools(name, ctx, network, user_data, opts=None)
+        One autoscaled group per cloud pool (AWS launch template + ASG,
+        Azure VMSS + autoscale setting, GCP instance template + regional MIG
+        + autoscaler), named `node_group_name(cluster, pool)`, with min/max
+        from the pool, cluster-autoscaler discovery tags, and
+        `user_data[pool.name]` (its cloud-init: the shared JoinConfiguration
+        with the pool's labels and taints).
+
+    HybridLink(name, ctx, network, shared_keys, opts=None)
+        A site-to-site VPN to every site with `vpn` (`shared_keys[site]` is
+        the IPsec pre-shared key, a secret Output). Attribute `sites`:
+        dict site name -> Output[dict] of what the data centre's side needs
+        (gateway public address, tunnel addresses, cloud BGP ASN/peer IP).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from corral.model import Cluster
+from corral.model.layout import Layout, layout
+
+
+@dataclass(frozen=True)
+class ClusterContext:
+    """What every component gets: the cluster, its derived layout, common tags."""
+
+    cluster: Cluster
+    layout: Layout
+    # Cloud-neutral tags (GCP label rules: lower-case, [a-z0-9_-]).
+    tags: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, cluster: Cluster) -> ClusterContext:
+        return cls(
+            cluster=cluster,
+            layout=layout(cluster),
+            tags={"corral-cluster": cluster.name, "managed-by": "corral"},
+        )
+
+    def resource_name(self, *parts: str) -> str:
+        """`<cluster>-<part>-...`: every cloud resource name starts with the cluster's."""
+        return "-".join((self.cluster.name, *parts))
+
+
+COMPONENTS = ("Network", "Etcd", "ApiServers", "NodePools", "HybridLink")
