@@ -7,6 +7,7 @@ their own bodies, so `corral validate` never pays for the cloud SDKs.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -15,7 +16,8 @@ from rich.console import Console
 
 from corral.model import Cluster, Fleet, ValidationFailed, load_fleet
 
-out = Console(highlight=False, soft_wrap=True)
+# Piped output (CI logs, `| less`) gets wide tables rather than 80 columns.
+out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 DEFAULT_CLUSTERS = Path(os.environ.get("CORRAL_CLUSTERS", "clusters"))

@@ -1,0 +1,91 @@
+"""Property: whatever a file says, the loader answers with a Cluster or ValidationFailed.
+
+Hypothesis mutates the valid examples the ways people break YAML by hand:
+dropping keys, retyping values, duplicating keys, random scalars anywhere.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from ruamel.yaml import YAML
+
+from corral.model import Cluster, ValidationFailed
+from corral.model.document import Document
+from corral.model.loader import parse_document
+
+from .helpers import example
+
+SCALARS = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(2**40), max_value=2**40),
+    st.floats(allow_nan=True), st.text(max_size=30),
+    st.sampled_from(["", "1.31", "yes", "10.0.0.0/8", "gpu-[1:0]", "NoSchedule", "[", "{a: 1}"]),
+    st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
+)
+
+
+def _paths(node, prefix=()):
+    yield prefix
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _paths(value, (*prefix, key))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _paths(value, (*prefix, index))
+
+
+def _dump(data) -> str:
+    stream = io.StringIO()
+    YAML(typ="safe", pure=True).dump(data, stream)
+    return stream.getvalue()
+
+
+def _check(text: str) -> None:
+    doc = Document(Path("fuzz.yaml"), text)
+    try:
+        assert isinstance(parse_document(doc), Cluster)
+    except ValidationFailed as failed:
+        assert failed.problems, "ValidationFailed without problems"
+        for problem in failed.problems:
+            assert problem.line >= 1 and problem.column >= 1 and problem.message
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), name=st.sampled_from(["heron", "ibis", "jaguar"]),
+       action=st.sampled_from(["drop", "retype", "add"]))
+def test_mutated_files_never_crash_the_loader(data, name, action):
+    tree = YAML(typ="safe").load(example(name))
+    paths = [p for p in _paths(tree) if p]
+    path = data.draw(st.sampled_from(paths))
+    mutated = copy.deepcopy(tree)
+    parent = mutated
+    for elem in path[:-1]:
+        parent = parent[elem]
+    if action == "drop":
+        del parent[path[-1]]
+    elif action == "retype":
+        parent[path[-1]] = data.draw(SCALARS)
+    elif isinstance(parent, dict):
+        parent[data.draw(st.text(min_size=1, max_size=12))] = data.draw(SCALARS)
+    else:
+        parent.append(data.draw(SCALARS))
+    _check(_dump(mutated))
+
+
+@settings(max_examples=150, deadline=None)
+@given(name=st.sampled_from(["heron", "ibis", "jaguar"]), data=st.data())
+def test_duplicated_or_garbled_lines_never_crash_the_loader(name, data):
+    lines = example(name).splitlines(keepends=True)
+    index = data.draw(st.integers(min_value=0, max_value=len(lines) - 1))
+    how = data.draw(st.sampled_from(["duplicate", "truncate", "indent"]))
+    if how == "duplicate":
+        lines.insert(index, lines[index])
+    elif how == "truncate":
+        lines[index] = lines[index][: data.draw(st.integers(min_value=0, max_value=len(lines[index])))] + "\n"
+    else:
+        lines[index] = "   " + lines[index]
+    _check("".join(lines))
