@@ -2,7 +2,7 @@
 
 import typer
 
-from . import fleet
+from . import fleet, nodes
 
 app = typer.Typer(
     name="corral",
@@ -12,6 +12,7 @@ app = typer.Typer(
     add_completion=False,
 )
 fleet.register(app)
+nodes.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,109 @@
+"""The Ansible inventory of a cluster's on-prem nodes, built from the model.
+
+Groups say what a host is (kubespray style): `onprem_nodes` holds every
+on-prem host, `gpu_nodes` and `roce_nodes` what their names say, and each
+host is in `site_<site>` and `pool_<pool>`. Cluster-wide settings are `all`
+vars, site settings sit on the site group, pool settings on the pool group;
+the roles' `defaults/main.yml` document every variable. No secret is ever in
+the inventory: join material is passed at run time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from corral.model import Cluster, OnPremPool
+
+
+def group_name(kind: str, name: str) -> str:
+    """Ansible group names may not contain '-'; `pool_gpu_h100_sf1`."""
+    return f"{kind}_{name}".replace("-", "_").replace(".", "_")
+
+
+def cluster_vars(cluster: Cluster) -> dict[str, Any]:
+    flannel = cluster.network.flannel
+    arp = cluster.network.arp_cache
+    return {
+        "corral_cluster_name": cluster.name,
+        "corral_kubernetes_version": cluster.kubernetes.version,
+        "corral_pod_cidr": cluster.kubernetes.pod_cidr,
+        "corral_service_cidr": cluster.kubernetes.service_cidr,
+        "corral_flannel_backend": flannel.backend,
+        "corral_flannel_direct_routing": flannel.direct_routing,
+        "corral_flannel_mtu": flannel.mtu,
+        "corral_flannel_port": flannel.port,
+        "corral_flannel_vni": flannel.vni,
+        "corral_arp_gc_thresh1": arp.gc_thresh1,
+        "corral_arp_gc_thresh2": arp.gc_thresh2,
+        "corral_arp_gc_thresh3": arp.gc_thresh3,
+    }
+
+
+def site_vars(cluster: Cluster, site_name: str) -> dict[str, Any]:
+    site = cluster.site(site_name)
+    return {
+        "corral_site": site.name,
+        "corral_site_cidrs": list(site.cidrs),
+        "corral_apt_mirror": site.apt_mirror,
+        "corral_http_proxy": site.http_proxy,
+    }
+
+
+def pool_vars(cluster: Cluster, pool: OnPremPool) -> dict[str, Any]:
+    gpu, roce = pool.gpu, pool.roce
+    return {
+        "corral_pool": pool.name,
+        "corral_gpu_model": gpu.model if gpu else None,
+        "corral_gpu_count": gpu.count if gpu else 0,
+        "corral_nvidia_driver_version": gpu.driver if gpu else None,
+        "corral_nvidia_fabricmanager": bool(gpu and gpu.fabric_manager),
+        "corral_roce_interfaces": list(roce.interfaces) if roce else [],
+        "corral_roce_mtu": roce.mtu if roce else None,
+        "corral_roce_pfc_priority": roce.pfc_priority if roce else None,
+        "corral_roce_dscp": roce.dscp if roce else None,
+        "corral_roce_ecn": roce.ecn if roce else False,
+        "corral_node_labels": cluster.node_labels(pool),
+        "corral_node_taints": [t.model_dump() for t in cluster.node_taints(pool)],
+    }
+
+
+def build(cluster: Cluster) -> dict[str, Any]:
+    """Ansible's JSON inventory format (the dynamic-inventory `--list` answer)."""
+    inventory: dict[str, Any] = {
+        "_meta": {"hostvars": {}},
+        "all": {"children": ["onprem_nodes"], "vars": cluster_vars(cluster)},
+        "onprem_nodes": {"children": [], "hosts": []},
+        "gpu_nodes": {"hosts": []},
+        "roce_nodes": {"hosts": []},
+    }
+    for pool in cluster.onprem_pools:
+        hosts = pool.host_names
+        pool_group = group_name("pool", pool.name)
+        site_group = group_name("site", pool.site)
+        inventory[pool_group] = {"hosts": hosts, "vars": pool_vars(cluster, pool)}
+        site = inventory.setdefault(site_group, {"hosts": [], "vars": site_vars(cluster, pool.site)})
+        site["hosts"].extend(hosts)
+        inventory["onprem_nodes"]["hosts"].extend(hosts)
+        if pool.gpu:
+            inventory["gpu_nodes"]["hosts"].extend(hosts)
+        if pool.roce:
+            inventory["roce_nodes"]["hosts"].extend(hosts)
+    return inventory
+
+
+def host_pool(cluster: Cluster) -> dict[str, str]:
+    """Host name -> pool name, for every on-prem host."""
+    return {host: pool.name for pool in cluster.onprem_pools for host in pool.host_names}
+
+
+def as_yaml_inventory(data: dict[str, Any]) -> dict[str, Any]:
+    """The same inventory in Ansible's YAML inventory shape (hosts as mappings)."""
+    children = {}
+    for group, body in data.items():
+        if group in ("_meta", "all"):
+            continue
+        entry: dict[str, Any] = {"hosts": {host: None for host in body.get("hosts", [])}}
+        if body.get("vars"):
+            entry["vars"] = body["vars"]
+        children[group] = entry
+    return {"all": {"vars": data["all"]["vars"], "children": children}}

@@ -1,0 +1,89 @@
+"""`corral join`'s logic that needs no hosts: inputs, host selection, event folding."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from corral.model import load_cluster
+from corral.nodes.join import EventTracker, JoinError, join_material, select_hosts
+from tests.conftest import EXAMPLES
+
+OUTPUTS = {"apiEndpoint": "10.200.0.5:6443", "bootstrapToken": "abcdef.0123456789abcdef",
+           "caCertHash": "sha256:" + "ab" * 32}
+
+
+@pytest.fixture(scope="module")
+def jaguar():
+    return load_cluster(EXAMPLES / "jaguar.yaml")
+
+
+def test_join_material_from_outputs_file(tmp_path):
+    path = tmp_path / "outputs.json"
+    path.write_text(json.dumps(OUTPUTS))
+    material = join_material("jaguar", path)
+    assert material == {
+        "corral_join_api_endpoint": "10.200.0.5:6443",
+        "corral_join_token": "abcdef.0123456789abcdef",
+        "corral_join_ca_cert_hashes": ["sha256:" + "ab" * 32],
+    }
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{not json", "not JSON"),
+    ("[1, 2]", "expected a JSON object"),
+    (json.dumps({"apiEndpoint": "x"}), "missing stack output(s) bootstrapToken, caCertHash"),
+])
+def test_join_material_errors(tmp_path, text, message):
+    path = tmp_path / "outputs.json"
+    path.write_text(text)
+    with pytest.raises(JoinError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        join_material("jaguar", path)
+
+
+def test_without_pulumi_the_error_says_what_to_do(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(JoinError, match="pulumi CLI is not installed.*--outputs"):
+        join_material("jaguar", None)
+
+
+def test_select_hosts(jaguar):
+    assert len(select_hosts(jaguar, None, [])) == 72
+    assert len(select_hosts(jaguar, "gpu-h100-robotics", [])) == 8
+    assert select_hosts(jaguar, None, ["gpu-002.sf1.internal"]) == ["gpu-002.sf1.internal"]
+    with pytest.raises(JoinError, match="no on-prem pool 'cpu-d64'"):
+        select_hosts(jaguar, "cpu-d64", [])
+    with pytest.raises(JoinError, match="not an on-prem host of jaguar: gpu-999"):
+        select_hosts(jaguar, None, ["gpu-999"])
+    with pytest.raises(JoinError, match="not in pool gpu-h100-robotics"):
+        select_hosts(jaguar, "gpu-h100-robotics", ["gpu-001.sf1.internal"])
+
+
+def _event(kind, host, task="t", **res):
+    return {"event": kind, "event_data": {"host": host, "task": task, "res": res}}
+
+
+def test_event_tracker_folds_events_and_trusts_the_recap():
+    seen = []
+    tracker = EventTracker(["a", "b", "c"], on_update=lambda r: seen.append(r.hosts["a"].status))
+    tracker(_event("runner_on_start", "a", task="install driver"))
+    tracker(_event("runner_on_ok", "a", changed=True))
+    tracker(_event("runner_on_failed", "b", task="check GPUs", msg="expected 8 H100, found 7\nmore"))
+    tracker(_event("runner_on_unreachable", "c", task="Gathering Facts", msg="ssh: connect to host c: No route"))
+    tracker({"event": "playbook_on_stats", "event_data": {
+        "ok": {"a": 12, "b": 3}, "changed": {"a": 4}, "failures": {"b": 1}, "dark": {"c": 1}, "skipped": {}}})
+    report = tracker.report
+    assert (report.hosts["a"].ok, report.hosts["a"].changed, report.hosts["a"].status) == (12, 4, "changed")
+    assert report.hosts["b"].status == "failed"
+    assert (report.hosts["b"].task, report.hosts["b"].message) == ("check GPUs", "expected 8 H100, found 7")
+    assert report.hosts["c"].status == "unreachable" and "No route" in report.hosts["c"].message
+    assert seen and seen[-1] == "changed"
+
+
+def test_ignored_failures_do_not_count():
+    tracker = EventTracker(["a"])
+    event = _event("runner_on_failed", "a", msg="probe failed")
+    event["event_data"]["ignore_errors"] = True
+    tracker(event)
+    assert tracker.report.hosts["a"].failed == 0
