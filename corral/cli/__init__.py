@@ -2,7 +2,7 @@
 
 import typer
 
-from . import fleet, nodes
+from . import diff, edit, fleet, infra, manifests, nodes
 
 app = typer.Typer(
     name="corral",
@@ -13,6 +13,10 @@ app = typer.Typer(
 )
 fleet.register(app)
 nodes.register(app)
+edit.register(app)
+diff.register(app)
+infra.register(app)
+manifests.register(app)
 
 
 def main() -> None:

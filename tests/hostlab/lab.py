@@ -20,7 +20,7 @@ Why this design (see /work/shared/TESTHOSTS.md for the measurements):
 
 Public API: :func:`available`, :class:`LabConfig`, :class:`Lab`,
 :class:`Host`, :func:`cleanup_all`.  Command line:
-``python -m tests.hostlab.lab {build-base,status,cleanup}``.
+``python -m tests.hostlab {build-base,status,cleanup,bench,demo}``.
 """
 
 from __future__ import annotations
@@ -172,6 +172,10 @@ class LabConfig:
         default_factory=lambda: os.environ.get("CORRAL_HOSTLAB_BRIDGE", DEFAULT_BRIDGE))
     subnet: str = dataclasses.field(
         default_factory=lambda: os.environ.get("CORRAL_HOSTLAB_SUBNET", DEFAULT_SUBNET))
+    #: prepended to nspawn machine names; two labs running at once need
+    #: different prefixes because host-side veth names ("vb-" + machine) are global
+    machine_prefix: str = dataclasses.field(
+        default_factory=lambda: os.environ.get("CORRAL_HOSTLAB_MACHINE_PREFIX", ""))
     suite: str = "bookworm"
     extra_packages: tuple[str, ...] = ()
     #: seconds to wait for a host to reach running/degraded
@@ -412,8 +416,17 @@ class Host:
             _run(["mount", "-t", "overlay", "overlay", "-o",
                   f"lowerdir={lab.base_root},upperdir={self.dir / 'upper'},workdir={self.dir / 'work'}",
                   str(self.root)], what="mount overlay", timeout=30)
-        if not list((self.root / "etc/ssh").glob("ssh_host_*_key")):
-            _run(["ssh-keygen", "-A", "-f", str(self.root)], what="ssh-keygen -A", timeout=60)
+        # Unique host keys per host.  Not `ssh-keygen -A`: its RSA key costs
+        # ~1 s of CPU per host, which made booting 10 hosts on 2 cores take
+        # 8-13 s instead of ~5 s; ed25519 + ecdsa take milliseconds.
+        for kind in ("ed25519", "ecdsa"):
+            key = self.path(f"/etc/ssh/ssh_host_{kind}_key")
+            if not key.exists():
+                _run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", f"root@{self.hostname}",
+                      "-f", str(key)], what="ssh-keygen", timeout=60)
+        _write(self.path("/etc/ssh/sshd_config.d/05-corral-hostlab-hostkeys.conf"),
+               "# hostlab: only these host keys exist (no RSA key, to boot faster)\n"
+               "HostKey /etc/ssh/ssh_host_ed25519_key\nHostKey /etc/ssh/ssh_host_ecdsa_key\n")
         _write(self.path("/etc/hostname"), self.hostname + "\n")
         _write(self.path("/etc/hosts"), etc_hosts)
         resolv = self.path("/etc/resolv.conf")
@@ -434,7 +447,7 @@ class Lab:
     Use as a context manager or call :meth:`start` / :meth:`teardown`.
     Teardown is also registered with ``atexit``; a lab killed with SIGKILL is
     cleaned up by the next lab on the same bridge (or ``python -m
-    tests.hostlab.lab cleanup``).
+    tests.hostlab cleanup``).
     """
 
     def __init__(self, config: LabConfig | None = None):
@@ -471,7 +484,8 @@ class Lab:
 
     @property
     def control_dir(self) -> Path:
-        return self.config.lab_dir / "cm"
+        """Directory of ssh ControlMaster sockets (ours and Ansible's)."""
+        return _control_dir(self.config.lab_dir)
 
     def start(self) -> "Lab":
         """Prepare base image and network.  Idempotent."""
@@ -775,11 +789,12 @@ class Lab:
 
     def _machine_name(self, name: str, ip: str) -> str:
         """nspawn machine name: short (veth names are 'vb-' + 12 chars) and unique."""
-        label = _sanitize_label(name)
+        prefix = self.config.machine_prefix
+        label = prefix + _sanitize_label(name)
         taken = {h.machine for h in self.hosts.values()}
         if len(label) <= 12 and label not in taken:
             return label
-        fallback = f"hl{ip.split('.')[-1]}-{label}"[:12].rstrip("-")
+        fallback = f"{prefix}hl{ip.split('.')[-1]}-{_sanitize_label(name)}"[:12].rstrip("-")
         if fallback in taken:
             raise LabError(f"cannot pick a unique machine name for {name}")
         return fallback
@@ -1000,6 +1015,24 @@ class Lab:
         _write(path, json.dumps(self.inventory_data(hosts, groups, vars, host_vars), indent=2) + "\n")
         return path
 
+    def ansible_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Environment for ``ansible``/``ansible-playbook`` against lab hosts.
+
+        The inventory already carries the connection settings; this adds what
+        only the environment can set (no host key checking, enough forks, no
+        retry files, quiet interpreter discovery).
+        """
+        env = dict(os.environ if base is None else base)
+        env.update({
+            "ANSIBLE_HOST_KEY_CHECKING": "False",
+            "ANSIBLE_PIPELINING": "True",
+            "ANSIBLE_FORKS": str(max(10, len(self.hosts))),
+            "ANSIBLE_RETRY_FILES_ENABLED": "False",
+            "ANSIBLE_PYTHON_INTERPRETER": "/usr/bin/python3",
+            "ANSIBLE_NOCOLOR": "1",
+        })
+        return env
+
     def write_ssh_config(self, path: str | os.PathLike,
                          hosts: Iterable[Host | str] | None = None) -> Path:
         """Write an ssh_config so ``ssh -F PATH NAME`` reaches a host by name."""
@@ -1026,10 +1059,12 @@ def _cleanup_lab_dir(lab_dir: Path) -> None:
         return
     bridge = lab_dir.name
     # ssh control masters (ours and Ansible's, which use our ControlPath)
-    cm = lab_dir / "cm"
+    cm = _control_dir(lab_dir)
     if cm.exists():
         for sock in cm.iterdir():
             _run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "lab"], check=False, timeout=10)
+        if cm.parent != lab_dir:
+            shutil.rmtree(cm, ignore_errors=True)
     # processes of the hosts, by cgroup, then cgroups
     hosts_dir = lab_dir / "hosts"
     for hdir in sorted(hosts_dir.iterdir()) if hosts_dir.exists() else []:
@@ -1063,6 +1098,19 @@ def _cleanup_lab_dir(lab_dir: Path) -> None:
         log.error("hostlab: %s still has mounts; not deleting it", lab_dir)
         return
     shutil.rmtree(lab_dir, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        lab_dir.parent.rmdir()  # the run dir, if no other lab uses it
+
+
+def _control_dir(lab_dir: Path) -> Path:
+    """ssh ControlPath directory: in the lab dir unless that path is too long.
+
+    A unix socket path must fit in 108 bytes; ``%C`` adds 41 characters.
+    """
+    cm = lab_dir / "cm"
+    if len(str(cm)) + 42 < 100:
+        return cm
+    return Path("/tmp") / f".corral-hostlab-cm-{lab_dir.name}"
 
 
 def _delete_tagged_rules(bridge: str) -> None:
@@ -1120,13 +1168,48 @@ def _install_sigterm_handler() -> None:
 # command line
 # --------------------------------------------------------------------------
 
+def _bench(counts: Sequence[int]) -> None:
+    """Print the timings README.md quotes: restore, boot of N hosts, stop, memory."""
+    lab = Lab()
+    root = lab.ensure_base()
+    tarball = root.with_name(root.name + ".tar.zst")
+    if tarball.exists():
+        tmp = root.with_name(root.name + ".bench")
+        tmp.mkdir(exist_ok=True)
+        t0 = time.monotonic()
+        _run(["tar", "--numeric-owner", "--xattrs", "--xattrs-include=*", "-I", "zstd -T0",
+              "-xpf", str(tarball), "-C", str(tmp)], timeout=300)
+        print(f"restore base from {tarball.name}: {time.monotonic() - t0:.2f}s")
+        shutil.rmtree(tmp)
+    with lab:
+        print(f"lab start (base ready, network): {sum(lab.timings.values()):.2f}s")
+        for n in counts:
+            t0 = time.monotonic()
+            hosts = lab.boot(n, prefix=f"b{n}x")
+            boot = time.monotonic() - t0
+            mem = []
+            for h in hosts:
+                for key, d in _cgroup_hierarchies():
+                    f = d / f"corral-hostlab-{lab.config.bridge}/{h.machine}/memory.usage_in_bytes"
+                    if key == "memory" and f.exists():
+                        mem.append(int(f.read_text()) / 2**20)
+            t0 = time.monotonic()
+            with ThreadPoolExecutor(max_workers=16) as ex:
+                list(ex.map(lab.remove_host, hosts))
+            stop = time.monotonic() - t0
+            avg = f"{sum(mem) / len(mem):.0f} MiB/host" if mem else "n/a"
+            print(f"boot {n:2d} hosts to running: {boot:5.2f}s   stop+remove: {stop:5.2f}s   memory: {avg}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
-    p = argparse.ArgumentParser(prog="python -m tests.hostlab.lab", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tests.hostlab", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("build-base", help="build (or restore) the cached base image")
     sub.add_parser("status", help="show labs, mounts, cgroups and rules")
     sub.add_parser("cleanup", help="tear down labs left behind by dead processes")
+    bench = sub.add_parser("bench", help="measure restore and boot times (for README.md)")
+    bench.add_argument("counts", type=int, nargs="*", default=[1, 4, 8, 10])
     demo = sub.add_parser("demo", help="boot N hosts, print how to reach them, wait for Ctrl-C")
     demo.add_argument("n", type=int, nargs="?", default=2)
     args = p.parse_args(argv)
@@ -1146,6 +1229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("labs:", [d.name for d in run.iterdir()] if run.exists() else [])
         print("mounts:", _mounted_under(run))
         print(_run(["iptables", "-t", "nat", "-S"], check=False).stdout)
+    elif args.cmd == "bench":
+        _bench(args.counts)
     elif args.cmd == "demo":
         with Lab() as lab:
             hosts = lab.boot(args.n)

@@ -1,0 +1,50 @@
+"""`corral diff`: the change to the cluster files since a git revision, and what it does in the cloud."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from .common import DEFAULT_CLUSTERS, ClustersOption, fail, out
+
+FORMATS = ("text", "markdown", "json")
+
+
+def diff(
+    base: Annotated[Optional[str], typer.Option(
+        "--base", help="Git revision to compare with (default: merge base of HEAD and main).")] = None,
+    format: Annotated[str, typer.Option("--format", help="text, markdown (a PR comment) or json.")] = "text",
+    plan: Annotated[bool, typer.Option("--plan/--no-plan", help="Run the offline Pulumi plan of both sides.")] = True,
+    fail_on_danger: Annotated[bool, typer.Option(
+        "--fail-on-danger", help="Exit 2 when a change replaces/deletes stateful resources or restarts etcd quorum.")] = False,
+    output: Annotated[Optional[str], typer.Option("--output", "-o", help="Write the report to this file too.")] = None,
+    clusters: ClustersOption = DEFAULT_CLUSTERS,
+) -> None:
+    """Cluster files changed since --base: semantic change and plan change, dangers first."""
+    from corral.diff import report as render
+    from corral.diff.engine import compute
+    from corral.diff.git import GitError
+
+    if format not in FORMATS:
+        raise typer.BadParameter(f"must be one of {', '.join(FORMATS)}", param_hint="--format")
+    if not clusters.is_dir():
+        fail(f"no clusters folder {clusters}")
+    try:
+        result = compute(clusters, base=base, plan=plan)
+    except GitError as error:
+        fail(str(error))
+    text = {"text": render.text, "markdown": render.markdown, "json": render.as_json}[format](result)
+    out.print(text, markup=False, end="", highlight=False)
+    if output:
+        from pathlib import Path
+
+        from corral.util import write_atomic
+
+        write_atomic(Path(output), text)
+    if fail_on_danger and result.dangerous:
+        raise typer.Exit(2)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(diff)

@@ -1,0 +1,126 @@
+"""`corral plan` (the Pulumi program offline, under mocks) and `corral up` (pulumi up)."""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import shutil
+import subprocess
+from typing import Annotated, Any
+
+import typer
+
+from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cluster_or_exit, fail, out
+
+# Inputs shown first in the table's summary column when a resource has them:
+# what a reviewer checks (where, how big, how fast, who may connect).
+KEY_INPUTS = (
+    "location", "availabilityZone", "zone", "zones", "region", "sku", "type", "diskType", "storageAccountType",
+    "size", "sizeGiB", "diskSizeGB", "diskIOPSReadWrite", "diskMBpsReadWrite", "iops", "throughput",
+    "provisionedIops", "provisionedThroughput", "vmSize", "instanceType", "machineType",
+    "cidrBlock", "addressPrefix", "addressPrefixes", "ipCidrRange", "privateIp", "privateIpAddress",
+    "minSize", "maxSize", "desiredCapacity", "port", "fromPort", "toPort", "ports", "protocol",
+    "sourceRanges", "cidrIpv4", "commonName", "subject", "ipAddresses", "dnsNames", "algorithm", "length",
+)
+SUMMARY_WIDTH = 160
+
+
+class Format(str, enum.Enum):
+    table = "table"
+    json = "json"
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, str):
+        return value if len(value) <= 48 else value[:45] + "..."
+    if isinstance(value, list):
+        inner = ", ".join(_short(item) for item in value[:4])
+        return f"[{inner}{', ...' if len(value) > 4 else ''}]"
+    if isinstance(value, dict):
+        inner = ", ".join(f"{k}={_short(v)}" for k, v in list(value.items())[:4])
+        return f"{{{inner}{', ...' if len(value) > 4 else ''}}}"
+    return json.dumps(value)
+
+
+def summarise(inputs: dict[str, Any]) -> str:
+    """One line of a resource's inputs: the key ones first, then the other scalars."""
+    keys = [k for k in KEY_INPUTS if k in inputs]
+    keys += sorted(k for k, v in inputs.items() if k not in keys and not isinstance(v, (dict, list)) and k != "name")
+    parts = []
+    for key in keys:
+        value = inputs[key]
+        if value is None or value == "[unknown]":
+            continue
+        parts.append(f"{key}={_short(value)}")
+    text = ", ".join(parts)
+    return text if len(text) <= SUMMARY_WIDTH else text[: SUMMARY_WIDTH - 3] + "..."
+
+
+def _print_table(result) -> None:
+    from rich.table import Table
+
+    for component, resources in result.components().items():
+        table = Table(title=f"{component} ({len(resources)} resources)", title_justify="left", expand=False)
+        table.add_column("type")
+        table.add_column("name")
+        table.add_column("protect", justify="center")
+        table.add_column("key inputs", overflow="fold")
+        for resource in resources:
+            protect = "protect" if resource["protect"] else ""
+            if resource["retainOnDelete"]:
+                protect = f"{protect}+retain" if protect else "retain"
+            table.add_row(resource["type"], resource["name"], protect, summarise(resource["inputs"]))
+        out.print(table)
+    out.print(f"[bold]outputs[/] of stack {result.cluster}:")
+    for key, value in result.outputs.items():
+        out.print(f"  {key}: {_short(value)}", markup=False)
+    for message in result.diagnostics:
+        out.print(f"[yellow]{message}[/]", markup=True)
+    out.print(f"{len(result.resources)} resources ({result.cloud}), from the same program `pulumi up -s {result.cluster}` runs")
+
+
+def plan(
+    name: ClusterArg,
+    output_format: Annotated[Format, typer.Option("--format", "-f", help="table or json.")] = Format.table,
+    clusters: ClustersOption = DEFAULT_CLUSTERS,
+) -> None:
+    """Every resource `pulumi up` would register for a cluster, offline (Pulumi mocks, no credentials)."""
+    cluster = cluster_or_exit(clusters, name)
+    from corral.infra.plan import PlanError, plan_stack
+
+    try:
+        result = plan_stack(cluster, clusters)
+    except PlanError as err:
+        fail(str(err))
+    if output_format is Format.json:
+        out.print(result.to_json(), markup=False, end="")
+    else:
+        _print_table(result)
+
+
+def up(
+    name: ClusterArg,
+    clusters: ClustersOption = DEFAULT_CLUSTERS,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Pass --yes to pulumi (no confirmation prompt).")] = False,
+) -> None:
+    """Validate the fleet, then `pulumi up -s CLUSTER` (needs the pulumi CLI and cloud credentials)."""
+    cluster_or_exit(clusters, name)
+    pulumi = shutil.which("pulumi")
+    if pulumi is None:
+        fail(
+            "the pulumi CLI is not installed (https://www.pulumi.com/docs/install/); "
+            f"`corral plan {name}` shows what it would do without it"
+        )
+    from corral.infra.program import CLUSTERS_ENV, project_root
+
+    env = dict(os.environ)
+    env[CLUSTERS_ENV] = str(clusters.resolve())
+    command = [pulumi, "up", "-s", name] + (["--yes"] if yes else [])
+    completed = subprocess.run(command, cwd=project_root(), env=env)
+    raise typer.Exit(completed.returncode)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(plan)
+    app.command()(up)

@@ -1,0 +1,70 @@
+"""`corral manifests`: the cluster's add-on manifests, printed or written per add-on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cluster_or_exit, err, fail, out
+
+
+def manifests(
+    name: ClusterArg,
+    clusters: ClustersOption = DEFAULT_CLUSTERS,
+    out_dir: Annotated[
+        Optional[Path],
+        typer.Option("--out", help="Write one <add-on>.yaml per add-on into this folder instead of printing."),
+    ] = None,
+    validate: Annotated[
+        bool,
+        typer.Option("--validate", help="Check every object against the cluster's Kubernetes API schemas (offline)."),
+    ] = False,
+) -> None:
+    """The cluster's add-ons (flannel, NVIDIA device plugin, autoscaler, scheduling, teams, monitoring)."""
+    # Imported here so other commands never pay for jinja templates and schemas.
+    from corral.manifests import ADDON_NAMES, ManifestError, all_objects, ordered, render, to_yaml
+
+    cluster = cluster_or_exit(clusters, name)
+    try:
+        addons = render(cluster)
+    except ManifestError as error:
+        fail(f"{name}: {error}")
+
+    if validate:
+        from corral.manifests.validate import validate_objects
+
+        version, problems = validate_objects(all_objects(addons), cluster.kubernetes.version)
+        if version.note:
+            err.print(f"[yellow]note:[/] {version.note}", markup=True)
+        for problem in problems:
+            err.print(problem, markup=False)
+        if problems:
+            fail(f"{len(problems)} object(s) do not match the Kubernetes {version.used} API schemas")
+        count = sum(len(a.objects) for a in addons)
+        err.print(f"ok: {count} objects valid against the Kubernetes {version.used} API schemas", markup=False)
+
+    if out_dir is None:
+        out.print(to_yaml(cluster, all_objects(addons)), markup=False, end="")
+        return
+
+    from corral.util import write_atomic
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for addon in addons:
+        path = out_dir / f"{addon.name}.yaml"
+        write_atomic(path, to_yaml(cluster, ordered(addon.objects), f"Add-on {addon.name}"))
+        out.print(f"wrote {path} ({len(addon.objects)} objects)", markup=False)
+    # An add-on the cluster no longer has (its last GPU pool removed, say)
+    # must not linger in the folder and be applied by someone later.
+    rendered = {a.name for a in addons}
+    for stale in sorted(set(ADDON_NAMES) - rendered):
+        path = out_dir / f"{stale}.yaml"
+        if path.exists():
+            path.unlink()
+            out.print(f"removed {path} (the cluster no longer has this add-on)", markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("manifests")(manifests)

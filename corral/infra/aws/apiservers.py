@@ -1,0 +1,183 @@
+"""API servers behind an internal network load balancer on 6443."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+
+import pulumi
+import pulumi_aws as aws
+
+from corral.infra.platform import ClusterContext
+from corral.model.layout import API_PORT, API_VIP_OFFSET
+
+from .common import (
+    CONTROL_ROOT_GIB,
+    check_zone,
+    metadata_options,
+    node_image,
+    pick,
+    tags,
+    user_data_base64,
+)
+from .network import Network
+
+# AWS limits load balancer and target group names to 32 characters.
+LB_NAME_MAX = 32
+
+
+def zone_vips(ctx: ClusterContext) -> dict[str, str]:
+    """The load balancer's fixed address in each zone's control subnet.
+
+    The first zone's is `ctx.layout.api_vip` (the endpoint in certificates
+    and kubeconfigs); the others sit at the same host offset in their own
+    zone's control subnet, an address the layout keeps free.
+    """
+    vips = {}
+    for z in ctx.layout.zones:
+        vips[z.zone] = str(ipaddress.ip_network(z.control_subnet).network_address + API_VIP_OFFSET)
+    first = ctx.layout.zones[0].zone
+    assert vips[first] == ctx.layout.api_vip, (vips[first], ctx.layout.api_vip)
+    return vips
+
+
+def _aws_name(name: str) -> str | None:
+    """`name` if AWS takes it for a load balancer or target group; else autonamed."""
+    return name if len(name) <= LB_NAME_MAX and not name.startswith("internal-") else None
+
+
+class ApiServers(pulumi.ComponentResource):
+    """`ctx.layout.api_servers` instances behind an internal NLB on 6443.
+
+    The load balancer has a subnet mapping in every zone's control subnet,
+    each with a fixed address (see `zone_vips`); the first zone's is the
+    API endpoint `ctx.layout.api_vip`, and cross-zone load balancing is on,
+    so that address reaches healthy API servers in every zone. (It is still
+    served by the load balancer's node in the first zone; a client that must
+    survive that zone's loss uses the load balancer's DNS name, `dns_name`,
+    which the certificates should list.)
+
+    Targets are registered by IP (the layout's fixed addresses), so the
+    target group need not wait for instance ids, and client IP preservation
+    is off: an API server reaching the endpoint is never routed back to
+    itself (the NLB hairpin that drops such connections), and the servers
+    see the load balancer's own VPC addresses, which the api security group
+    admits. Health: HTTPS GET /readyz on 6443 (anonymous access to /readyz
+    is allowed by the default system:public-info-viewer role).
+
+    Attributes: instances (name -> resource), load_balancer, target_group,
+    endpoint (`vip:6443`), addresses (zone -> address), dns_name.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        ctx: ClusterContext,
+        network: Network,
+        user_data: Sequence[pulumi.Input[str]],
+        opts: pulumi.ResourceOptions | None = None,
+    ):
+        super().__init__("corral:aws:ApiServers", name, None, opts)
+        cp = ctx.cluster.control_plane
+        servers = ctx.layout.api_servers
+        if len(user_data) != len(servers):
+            raise ValueError(f"{len(servers)} API servers but {len(user_data)} user data documents")
+        child = pulumi.ResourceOptions(parent=self)
+        rn = ctx.resource_name
+        image = node_image()
+
+        self.instances: dict[str, aws.ec2.Instance] = {}
+        for i, server in enumerate(servers):
+            check_zone(ctx, server.zone, f"API server {server.name}")
+            self.instances[server.name] = aws.ec2.Instance(
+                server.name,
+                ami=image,
+                instance_type=cp.api_servers.machine_type,
+                availability_zone=server.zone,
+                subnet_id=network.control_subnet_ids[server.zone],
+                private_ip=server.ip,
+                vpc_security_group_ids=[network.api_security_group_id],
+                user_data_base64=user_data_base64(pick(user_data, i, "API server user data")),
+                ebs_optimized=True,
+                metadata_options=metadata_options(),
+                root_block_device={
+                    "volume_type": "gp3",
+                    "volume_size": CONTROL_ROOT_GIB,
+                    "encrypted": True,
+                    "delete_on_termination": True,
+                },
+                tags=tags(ctx, server.name, **{"corral-role": "apiserver"}),
+                opts=pulumi.ResourceOptions(
+                    parent=self,
+                    depends_on=network.egress,
+                    delete_before_replace=True,
+                    ignore_changes=["ami", "userData", "userDataBase64"],
+                ),
+            )
+
+        self.addresses = zone_vips(ctx)
+        self.endpoint = ctx.layout.api_endpoint
+        self.load_balancer = aws.lb.LoadBalancer(
+            rn("api"),
+            name=_aws_name(rn("api")),
+            load_balancer_type="network",
+            internal=True,
+            ip_address_type="ipv4",
+            subnet_mappings=[
+                {"subnet_id": network.control_subnet_ids[zone], "private_ipv4_address": address}
+                for zone, address in self.addresses.items()
+            ],
+            enable_cross_zone_load_balancing=True,
+            tags=tags(ctx, rn("api")),
+            # Its addresses are fixed: a replacement must free them first.
+            opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True),
+        )
+        self.dns_name = self.load_balancer.dns_name
+
+        # Autonamed (no fixed `name`): a replacement target group is created
+        # and the listener moved to it before the old one is deleted.
+        self.target_group = aws.lb.TargetGroup(
+            rn("api"),
+            port=API_PORT,
+            protocol="TCP",
+            target_type="ip",
+            vpc_id=network.vpc_id,
+            preserve_client_ip="false",
+            deregistration_delay=30,
+            health_check={
+                "enabled": True,
+                "protocol": "HTTPS",
+                "port": str(API_PORT),
+                "path": "/readyz",
+                "matcher": "200",
+                "interval": 10,
+                "timeout": 5,
+                "healthy_threshold": 2,
+                "unhealthy_threshold": 2,
+            },
+            tags=tags(ctx, rn("api")),
+            opts=child,
+        )
+        aws.lb.Listener(
+            rn("api"),
+            load_balancer_arn=self.load_balancer.arn,
+            port=API_PORT,
+            protocol="TCP",
+            default_actions=[{"type": "forward", "target_group_arn": self.target_group.arn}],
+            tags=tags(ctx, rn("api")),
+            opts=child,
+        )
+        for server in servers:
+            aws.lb.TargetGroupAttachment(
+                server.name,
+                target_group_arn=self.target_group.arn,
+                target_id=server.ip,
+                port=API_PORT,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.instances[server.name]]),
+            )
+
+        self.register_outputs({
+            "endpoint": self.endpoint,
+            "addresses": self.addresses,
+            "dns_name": self.dns_name,
+        })

@@ -1,0 +1,14 @@
+"""Azure: the five components of `corral.infra.platform`, on azure-native.
+
+One module per component (Typhoon style: the same inputs on every cloud):
+network.py, etcd.py, apiservers.py, nodepools.py, hybridlink.py; what they
+share is in common.py.
+"""
+
+from .apiservers import ApiServers
+from .etcd import Etcd
+from .hybridlink import HybridLink
+from .network import Network
+from .nodepools import NodePools
+
+__all__ = ["ApiServers", "Etcd", "HybridLink", "Network", "NodePools"]

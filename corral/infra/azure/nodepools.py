@@ -1,0 +1,222 @@
+"""Cloud node pools: one VM scale set per pool, sized by the cluster autoscaler."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pulumi
+import pulumi_azure_native as azure
+
+from corral.infra.platform import ClusterContext
+from corral.model.layout import node_group_name
+from corral.model.schema import CloudPool
+
+from .common import (
+    ADMIN_USERNAME,
+    IMAGE,
+    accelerated_networking,
+    boot_diagnostics,
+    custom_data,
+    linux_configuration,
+    location,
+    pick,
+    tags,
+)
+
+# A Uniform scale set outside a single placement group holds at most 1,000 VMs.
+VMSS_MAX_INSTANCES = 1_000
+# Linux scale sets: `computerNamePrefix` is at most 58 characters.
+MAX_COMPUTER_NAME_PREFIX = 58
+# cluster-autoscaler's Azure provider (cloudprovider/azure/README.md):
+# `--node-group-auto-discovery=label:cluster-autoscaler-enabled=true,cluster-autoscaler-name=<cluster>`
+# finds scale sets by these tags and reads their bounds from `min` / `max`.
+CA_ENABLED_TAG = "cluster-autoscaler-enabled"
+CA_NAME_TAG = "cluster-autoscaler-name"
+# Node templates for scaling from zero: the labels and taints a new node
+# will register with. Azure tag names cannot hold "/", so it becomes "_".
+CA_LABEL_TAG = "k8s.io_cluster-autoscaler_node-template_label_"
+CA_TAINT_TAG = "k8s.io_cluster-autoscaler_node-template_taint_"
+
+
+def autoscaler_discovery(cluster_name: str) -> str:
+    """The cluster-autoscaler flag value that finds this cluster's scale sets."""
+    return f"label:{CA_ENABLED_TAG}=true,{CA_NAME_TAG}={cluster_name}"
+
+
+def autoscaler_tags(ctx: ClusterContext, pool: CloudPool) -> dict[str, str]:
+    """Discovery, bounds and node-template tags of a pool's scale set."""
+    cluster = ctx.cluster
+    result = {
+        CA_ENABLED_TAG: "true",
+        CA_NAME_TAG: cluster.name,
+        # The same marks AWS ASGs carry (k8s.io/cluster-autoscaler/...), with
+        # "/" spelled "_" as Azure tag names require: one vocabulary for
+        # inventory scripts across clouds.
+        "k8s.io_cluster-autoscaler_enabled": "true",
+        f"k8s.io_cluster-autoscaler_{cluster.name}": "owned",
+        "min": str(pool.min_size),
+        "max": str(min(pool.max_size, VMSS_MAX_INSTANCES)),
+    }
+    for key, value in cluster.node_labels(pool).items():
+        result[CA_LABEL_TAG + key.replace("/", "_")] = value
+    for taint in cluster.node_taints(pool):
+        result[CA_TAINT_TAG + taint.key.replace("/", "_")] = f"{taint.value}:{taint.effect}"
+    return result
+
+
+class NodePools(pulumi.ComponentResource):
+    """Per cloud pool a Uniform VM scale set named `node_group_name(cluster, pool)`.
+
+    The scale set spans the pool's zones; an Azure subnet is regional and a
+    scale set's NIC takes one subnet, so the whole pool sits on the node
+    subnet of its first zone (NAT egress of that zone). It starts at minSize
+    (`sku.capacity`, ignored afterwards so a plan never fights the
+    autoscaler). Spot pools use `priority: Spot`, eviction Delete, paying at
+    most the on-demand price.
+
+    cluster-autoscaler sizes each scale set: discovery tags
+    (`autoscaler_discovery(cluster)` is its flag), `min`/`max` bounds and
+    node-template label/taint tags for scaling from zero.
+
+    Each scale set also gets an Azure autoscale setting with one profile,
+    minimum/maximum/default = minSize/maxSize/minSize and NO rules: Azure
+    then only holds the count inside the pool's bounds (as AWS does with an
+    ASG's min/max) and never scales on metrics itself, so the cluster
+    autoscaler alone decides. Rules here would fight it.
+
+    Attributes: scale_sets / autoscale_settings: pool name -> resource,
+    autoscaler_discovery (the `--node-group-auto-discovery` value).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        ctx: ClusterContext,
+        network,
+        user_data: Mapping[str, pulumi.Input[str]],
+        opts: pulumi.ResourceOptions | None = None,
+    ):
+        super().__init__("corral:azure:NodePools", name, None, opts)
+        cluster = ctx.cluster
+        self.scale_sets: dict[str, azure.compute.VirtualMachineScaleSet] = {}
+        self.autoscale_settings: dict[str, azure.monitor.AutoscaleSetting] = {}
+        self.autoscaler_discovery = autoscaler_discovery(cluster.name)
+
+        for pool in cluster.cloud_pools:
+            if pool.provider != "azure":
+                continue
+            group = node_group_name(cluster, pool)
+            if len(group) + 1 > MAX_COMPUTER_NAME_PREFIX:
+                raise ValueError(
+                    f"pool {pool.name}: scale set {group!r} is too long for Azure "
+                    f"(the node name prefix takes at most {MAX_COMPUTER_NAME_PREFIX} characters); "
+                    "shorten the cluster or pool name"
+                )
+            zones = list(pool.zones or cluster.control_plane.zones)
+            subnet_id = pick(network.node_subnet_ids, zones[0], "node subnet")
+            max_size = min(pool.max_size, VMSS_MAX_INSTANCES)
+            if pool.max_size > VMSS_MAX_INSTANCES:
+                pulumi.log.warn(
+                    f"pool {pool.name}: maxSize {pool.max_size:,} is above an Azure scale set's "
+                    f"{VMSS_MAX_INSTANCES:,} VMs; the scale set is capped at {VMSS_MAX_INSTANCES:,} "
+                    "(split the pool to go further)"
+                )
+            spot = pool.spot
+            vmss = azure.compute.VirtualMachineScaleSet(
+                group,
+                vm_scale_set_name=group,
+                resource_group_name=network.resource_group_name,
+                location=location(ctx),
+                zones=zones,
+                orchestration_mode="Uniform",
+                sku=azure.compute.SkuArgs(name=pool.machine_type, tier="Standard", capacity=pool.min_size),
+                # The autoscaler adds exactly the VMs it asks for; no extra
+                # VMs that boot, join and vanish.
+                overprovision=False,
+                # Above 100 VMs a scale set must span placement groups.
+                single_placement_group=False,
+                platform_fault_domain_count=1,
+                upgrade_policy=azure.compute.UpgradePolicyArgs(mode="Manual"),
+                virtual_machine_profile=azure.compute.VirtualMachineScaleSetVMProfileArgs(
+                    os_profile=azure.compute.VirtualMachineScaleSetOSProfileArgs(
+                        computer_name_prefix=f"{group}-",
+                        admin_username=ADMIN_USERNAME,
+                        custom_data=custom_data(pick(user_data, pool.name, "user data")),
+                        linux_configuration=linux_configuration(network.admin_ssh_public_key),
+                    ),
+                    storage_profile=azure.compute.VirtualMachineScaleSetStorageProfileArgs(
+                        image_reference=IMAGE,
+                        os_disk=azure.compute.VirtualMachineScaleSetOSDiskArgs(
+                            create_option="FromImage",
+                            caching="ReadWrite",
+                            disk_size_gb=pool.disk_size_gib,
+                            delete_option="Delete",
+                            managed_disk=azure.compute.VirtualMachineScaleSetManagedDiskParametersArgs(
+                                storage_account_type="Premium_LRS",
+                            ),
+                        ),
+                    ),
+                    network_profile=azure.compute.VirtualMachineScaleSetNetworkProfileArgs(
+                        network_interface_configurations=[
+                            azure.compute.VirtualMachineScaleSetNetworkConfigurationArgs(
+                                name="nic",
+                                primary=True,
+                                # Nodes route pod traffic (flannel).
+                                enable_ip_forwarding=True,
+                                enable_accelerated_networking=accelerated_networking(pool.machine_type),
+                                ip_configurations=[
+                                    azure.compute.VirtualMachineScaleSetIPConfigurationArgs(
+                                        name="ipconfig",
+                                        primary=True,
+                                        private_ip_address_version="IPv4",
+                                        subnet=azure.compute.ApiEntityReferenceArgs(id=subnet_id),
+                                    )
+                                ],
+                            )
+                        ],
+                    ),
+                    diagnostics_profile=boot_diagnostics(),
+                    priority="Spot" if spot else "Regular",
+                    eviction_policy="Delete" if spot else None,
+                    # -1: pay up to the on-demand price; evicted only for capacity.
+                    billing_profile=azure.compute.BillingProfileArgs(max_price=-1) if spot else None,
+                ),
+                tags=tags(ctx, **{"corral-role": "node", "corral-pool": pool.name},
+                          **autoscaler_tags(ctx, pool)),
+                opts=pulumi.ResourceOptions(
+                    parent=self,
+                    ignore_changes=["sku.capacity"],
+                    depends_on=network.egress,
+                ),
+            )
+            setting = azure.monitor.AutoscaleSetting(
+                ctx.resource_name(pool.name, "bounds"),
+                autoscale_setting_name=ctx.resource_name(pool.name, "bounds"),
+                name=ctx.resource_name(pool.name, "bounds"),
+                target_resource_location=location(ctx),
+                resource_group_name=network.resource_group_name,
+                location=location(ctx),
+                target_resource_uri=vmss.id,
+                enabled=True,
+                profiles=[
+                    azure.monitor.AutoscaleProfileArgs(
+                        name="pool-bounds",
+                        capacity=azure.monitor.ScaleCapacityArgs(
+                            minimum=str(pool.min_size),
+                            maximum=str(max_size),
+                            default=str(pool.min_size),
+                        ),
+                        # No rules: bounds only; cluster-autoscaler decides.
+                        rules=[],
+                    )
+                ],
+                tags=tags(ctx),
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            self.scale_sets[pool.name] = vmss
+            self.autoscale_settings[pool.name] = setting
+
+        self.register_outputs({
+            "scale_set_names": list(self.scale_sets),
+            "autoscaler_discovery": self.autoscaler_discovery,
+        })

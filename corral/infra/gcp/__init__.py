@@ -1,0 +1,13 @@
+"""corral's control plane on GCP: the five components of `corral.infra.platform`.
+
+One module per component (network, etcd, apiservers, nodepools, hybrid);
+`common` holds stack settings, naming and labels, and machine-family facts.
+"""
+
+from .apiservers import ApiServers
+from .etcd import ETCD_DEVICE_NAME, ETCD_DEVICE_PATH, Etcd
+from .hybrid import HybridLink
+from .network import Network
+from .nodepools import NodePools
+
+__all__ = ["ApiServers", "ETCD_DEVICE_NAME", "ETCD_DEVICE_PATH", "Etcd", "HybridLink", "Network", "NodePools"]

@@ -1,0 +1,157 @@
+"""The Pulumi program: one stack per cluster, the stack's name is the cluster's.
+
+`pulumi up -s jaguar` runs this (Pulumi.yaml `main: corral/infra/`, through
+`__main__.py`), and `corral plan jaguar` runs the very same `main()` under
+Pulumi's mocks (`plan.py`). It:
+
+1. loads `clusters/<stack>.yaml` through the model, with the fleet's rules
+   (the cluster file is the only place a cluster's shape is written; the
+   folder is env CORRAL_CLUSTERS, else `clusters/` of the project);
+2. derives the layout (`ClusterContext.of`), issues the PKI, renders every
+   machine's cloud-init;
+3. imports the cluster's cloud package by name (`corral.infra.<cloud>`), so
+   only that cloud's SDK is loaded, and builds its components:
+   Network, Etcd (twice with a dedicated events cluster), ApiServers,
+   NodePools (when the cluster has cloud pools) and HybridLink (when a site
+   has a VPN);
+4. exports the stack outputs (`outputs.py`).
+
+Per-stack settings (provider region, subscription, project) are stack
+config in `stacks/Pulumi.<cluster>.yaml`, read by the cloud packages.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pulumi
+
+from corral.model import Cluster, ValidationFailed, load_fleet
+
+from . import bootstrap, outputs
+from .pki import Pki
+from .platform import COMPONENTS, ClusterContext
+
+CLUSTERS_ENV = "CORRAL_CLUSTERS"
+PROJECT_FILE = "Pulumi.yaml"
+
+
+class ProgramError(Exception):
+    """A stack that cannot be built; the message says why and what to do."""
+
+
+def project_root() -> Path:
+    """The folder holding Pulumi.yaml: above the working directory (Pulumi runs
+    the program from `main`'s folder), else the checkout this file is in."""
+    for start in (Path.cwd(), Path(__file__).resolve().parent):
+        for folder in (start, *start.parents):
+            if (folder / PROJECT_FILE).is_file():
+                return folder
+    return Path(__file__).resolve().parents[2]
+
+
+def clusters_dir() -> Path:
+    override = os.environ.get(CLUSTERS_ENV)
+    return Path(override) if override else project_root() / "clusters"
+
+
+def load_stack_cluster(stack: str, clusters: Path | None = None) -> Cluster:
+    """The cluster named like the stack, validated with the rest of its fleet."""
+    clusters = clusters or clusters_dir()
+    path = clusters / f"{stack}.yaml"
+    if not path.is_file():
+        raise ProgramError(
+            f"stack '{stack}' has no cluster file {path}: a stack is named after its cluster "
+            f"(set {CLUSTERS_ENV} if the cluster files live elsewhere)"
+        )
+    try:
+        fleet = load_fleet([clusters])
+    except ValidationFailed as failed:
+        lines = "\n".join(f"  {problem}" for problem in failed.problems)
+        raise ProgramError(f"the cluster files in {clusters} do not validate (run `corral validate`):\n{lines}") from None
+    return fleet.clusters[stack]
+
+
+def cloud_package(cloud: str) -> ModuleType:
+    """`corral.infra.<cloud>`, checked to export every component of the contract."""
+    module_name = f"{__package__}.{cloud}"
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name and module_name.startswith(err.name):
+            raise ProgramError(f"no cloud package {module_name} for cloud '{cloud}'") from None
+        raise
+    missing = [name for name in COMPONENTS if not hasattr(module, name)]
+    if missing:
+        raise ProgramError(f"{module_name} does not export {', '.join(missing)} (see corral/infra/platform.py)")
+    return module
+
+
+@dataclass
+class Deployment:
+    """Everything one stack registers, for tests and for `corral plan`."""
+
+    ctx: ClusterContext
+    pki: Pki
+    user_data: bootstrap.UserData
+    network: Any
+    etcd: Any
+    events_etcd: Any | None
+    api_servers: Any
+    node_pools: Any | None
+    hybrid_link: Any | None
+    outputs: dict[str, Any] = field(default_factory=dict)
+
+
+def build(cluster: Cluster, platform: ModuleType | None = None) -> Deployment:
+    """Register the cluster's resources; `platform` replaces the cloud package (tests)."""
+    ctx = ClusterContext.of(cluster)
+    cloud = platform or cloud_package(cluster.control_plane.cloud)
+    lay = ctx.layout
+    name = ctx.resource_name
+
+    pki = Pki(name("pki"), ctx)
+    user_data = bootstrap.user_data(ctx, pki)
+
+    network = cloud.Network(name("network"), ctx)
+    etcd = cloud.Etcd(name("etcd"), ctx, network, lay.etcd_members, user_data.etcd)
+    events_etcd = (
+        cloud.Etcd(name("etcd-events"), ctx, network, lay.events_members, user_data.events_etcd)
+        if lay.events_members else None
+    )
+    api_servers = cloud.ApiServers(name("apiservers"), ctx, network, user_data.api_servers)
+    node_pools = cloud.NodePools(name("nodepools"), ctx, network, user_data.pools) if cluster.cloud_pools else None
+    hybrid_link = (
+        cloud.HybridLink(name("hybridlink"), ctx, network, pki.vpn_shared_keys)
+        if pki.vpn_shared_keys else None
+    )
+    deployment = Deployment(ctx, pki, user_data, network, etcd, events_etcd, api_servers, node_pools, hybrid_link)
+    deployment.outputs = outputs.stack_outputs(ctx, pki, hybrid_link.sites if hybrid_link else None)
+    return deployment
+
+
+def main(cluster: Cluster | None = None, platform: ModuleType | None = None) -> Deployment:
+    """The program: the stack's cluster (or `cluster`), built and its outputs exported."""
+    if cluster is None:
+        cluster = load_stack_cluster(pulumi.get_stack())
+    try:
+        deployment = build(cluster, platform)
+    except ValueError as err:
+        # The cloud packages and the bootstrap raise ValueError for a cluster
+        # they cannot build (unknown disk type, missing Kubernetes release...).
+        raise ProgramError(f"cluster {cluster.name}: {err}") from None
+    outputs.export(deployment.outputs)
+    return deployment
+
+
+def run() -> None:
+    """Entry point under `pulumi up`: errors as one readable message, no traceback."""
+    try:
+        main()
+    except ProgramError as err:
+        raise pulumi.RunError(str(err)) from None

@@ -1,0 +1,298 @@
+"""Rendering the add-ons of one cluster: templates + policy values -> Kubernetes objects.
+
+Each add-on is one template in corral/templates/manifests/ rendered with the
+values `policy.py` derives from the cluster, then parsed, so the rest of
+corral (validation, ordering, output, Pulumi) works on plain dicts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+from ruamel.yaml import YAML
+from ruamel.yaml.representer import SafeRepresenter
+
+from corral.model.schema import Cluster
+
+from . import monitoring, policy, versions
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates" / "manifests"
+
+# Apply order: what others refer to comes first (namespaces, CRDs, identities
+# and their rights, configuration, policy), workloads last.
+KIND_ORDER = (
+    "Namespace",
+    "CustomResourceDefinition",
+    "PriorityClass",
+    "ServiceAccount",
+    "ClusterRole",
+    "Role",
+    "ClusterRoleBinding",
+    "RoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+    "ConfigMap",
+    "Secret",
+    "Service",
+    "DaemonSet",
+    "Deployment",
+    "StatefulSet",
+)
+
+
+@dataclass(frozen=True)
+class Addon:
+    """One add-on (one file of `corral manifests --out`): a name and its objects."""
+
+    name: str
+    objects: tuple[dict, ...]
+
+
+def object_key(obj: dict) -> str:
+    """`Kind/namespace/name` (cluster-scoped: `Kind/name`): unique in a cluster."""
+    meta = obj["metadata"]
+    return "/".join(p for p in (obj["kind"], meta.get("namespace"), meta["name"]) if p)
+
+
+def kind_rank(obj: dict) -> int:
+    try:
+        return KIND_ORDER.index(obj["kind"])
+    except ValueError:
+        return len(KIND_ORDER)
+
+
+def ordered(objects) -> list[dict]:
+    """Apply order; stable, so objects of one kind keep their add-on's order."""
+    return sorted(objects, key=kind_rank)
+
+
+# --- templates ----------------------------------------------------------------
+
+_env = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+    undefined=jinja2.StrictUndefined,
+    keep_trailing_newline=True,
+    autoescape=False,
+)
+
+
+def _load_all(text: str, template: str) -> list[dict]:
+    yaml = YAML(typ="safe", pure=True)
+    try:
+        docs = [d for d in yaml.load_all(text) if d is not None]
+    except Exception as err:  # a template bug: say which template
+        raise policy.ManifestError(f"template {template} rendered invalid YAML: {err}") from err
+    return docs
+
+
+def _template(name: str, **context) -> list[dict]:
+    template = f"{name}.yaml.j2"
+    return _load_all(_env.get_template(template).render(**context), template)
+
+
+def _hash(*texts: str) -> str:
+    digest = hashlib.sha256()
+    for text in texts:
+        digest.update(text.encode())
+    return digest.hexdigest()[:16]
+
+
+# --- add-ons ------------------------------------------------------------------
+
+
+def flannel(cluster: Cluster) -> list[dict]:
+    spec = cluster.network.flannel
+    backend: dict[str, object] = {"Type": spec.backend}
+    if spec.backend == "vxlan":
+        backend.update({"VNI": spec.vni, "Port": spec.port, "DirectRouting": spec.direct_routing})
+    elif spec.backend == "ipip":
+        backend["DirectRouting"] = spec.direct_routing
+    net_conf = {"Network": cluster.kubernetes.pod_cidr, "EnableIPv4": True, "Backend": backend}
+    cni_conf = {
+        "name": "cbr0",
+        "cniVersion": "0.3.1",
+        "plugins": [
+            {
+                "type": "flannel",
+                "delegate": {
+                    "hairpinMode": True,
+                    "isDefaultGateway": True,
+                    # Pods get the declared MTU (network.flannel.mtu) on every
+                    # node instead of each node's interface MTU minus the
+                    # encapsulation: one MTU across cloud and data centre. It
+                    # must fit the smallest path VXLAN crosses (see docs/addons.md).
+                    "mtu": spec.mtu,
+                },
+            },
+            {"type": "portmap", "capabilities": {"portMappings": True}},
+        ],
+    }
+    net_conf_json = json.dumps(net_conf, indent=2) + "\n"
+    cni_conf_json = json.dumps(cni_conf, indent=2) + "\n"
+    return _template(
+        "flannel",
+        namespace=policy.FLANNEL_NAMESPACE,
+        net_conf_json=net_conf_json,
+        cni_conf_json=cni_conf_json,
+        net_conf_hash=_hash(net_conf_json, cni_conf_json),
+        images={"flannel": versions.FLANNEL, "cni_plugin": versions.FLANNEL_CNI_PLUGIN},
+    )
+
+
+def nvidia_device_plugin(cluster: Cluster) -> list[dict]:
+    return _template(
+        "nvidia-device-plugin",
+        gpu_node_selector=policy.gpu_node_selector(),
+        gpu_tolerations=policy.gpu_tolerations(cluster),
+        images={"device_plugin": versions.NVIDIA_DEVICE_PLUGIN},
+    )
+
+
+def cluster_autoscaler(cluster: Cluster) -> list[dict]:
+    try:
+        image = versions.cluster_autoscaler(cluster.kubernetes.minor)
+    except versions.NoPinnedVersion as err:
+        raise policy.ManifestError(str(err)) from None
+    return _template(
+        "cluster-autoscaler",
+        image=image,
+        args=policy.autoscaler_args(cluster),
+        env=policy.autoscaler_env(cluster),
+        off_gpu_affinity=policy.off_gpu_affinity(),
+    )
+
+
+def scheduler_config_text(cluster: Cluster) -> str:
+    """The KubeSchedulerConfiguration the control plane runs, from the core's renderer."""
+    try:
+        from corral.infra.bootstrap import render_scheduler_config
+    except ImportError as err:
+        raise policy.ManifestError(
+            "the scheduler policy comes from corral.infra.bootstrap.render_scheduler_config, "
+            f"which cannot be imported ({err})"
+        ) from None
+    rendered = render_scheduler_config(cluster)
+    return rendered if isinstance(rendered, str) else _dump([rendered], header=None)
+
+
+def scheduling(cluster: Cluster) -> list[dict]:
+    objects = _template("scheduling", scheduler_config=scheduler_config_text(cluster))
+    if cluster.scheduling.coscheduling:
+        objects += _template("coscheduling")
+    return objects
+
+
+def teams(cluster: Cluster) -> list[dict]:
+    return _template("teams", teams=policy.team_namespaces(cluster), policy=policy.team_policy(cluster))
+
+
+def monitoring_stack(cluster: Cluster) -> list[dict]:
+    gpu = bool(policy.gpu_pools(cluster))
+    config = monitoring.prometheus_config(cluster, gpu)
+    rules = monitoring.prometheus_rules(gpu)
+    return _template(
+        "monitoring",
+        namespace=policy.MONITORING_NAMESPACE,
+        prometheus_config=config,
+        prometheus_rules=rules,
+        config_hash=_hash(config, rules),
+        retention=monitoring.RETENTION,
+        ksm_label_allowlist=monitoring.ksm_label_allowlist(),
+        off_gpu_affinity=policy.off_gpu_affinity(),
+        gpu=gpu,
+        gpu_node_selector=policy.gpu_node_selector(),
+        gpu_tolerations=policy.gpu_tolerations(cluster),
+        images={
+            "prometheus": versions.PROMETHEUS,
+            "node_exporter": versions.NODE_EXPORTER,
+            "kube_state_metrics": versions.KUBE_STATE_METRICS,
+            "dcgm_exporter": versions.DCGM_EXPORTER,
+        },
+    )
+
+
+# Every add-on corral knows, in apply order, with when it applies.
+ADDON_NAMES = ("flannel", "teams", "scheduling", "nvidia-device-plugin", "cluster-autoscaler", "monitoring")
+
+
+def render(cluster: Cluster) -> list[Addon]:
+    """The cluster's add-ons; those that do not apply (no GPU pool, no cloud pool,
+    no team, default scheduling) are left out."""
+    sched = cluster.scheduling
+    parts: list[tuple[str, bool, object]] = [
+        ("flannel", True, flannel),
+        ("teams", bool(sched.teams), teams),
+        ("scheduling", sched.bin_packing or sched.coscheduling, scheduling),
+        ("nvidia-device-plugin", bool(policy.gpu_pools(cluster)), nvidia_device_plugin),
+        ("cluster-autoscaler", bool(cluster.cloud_pools), cluster_autoscaler),
+        ("monitoring", True, monitoring_stack),
+    ]
+    addons = [Addon(name, tuple(build(cluster))) for name, wanted, build in parts if wanted]
+    _check_unique(addons)
+    return addons
+
+
+def _check_unique(addons: list[Addon]) -> None:
+    seen: dict[str, str] = {}
+    for addon in addons:
+        for obj in addon.objects:
+            key = object_key(obj)
+            if key in seen:
+                raise policy.ManifestError(f"{key} is rendered twice (add-ons {seen[key]} and {addon.name})")
+            seen[key] = addon.name
+
+
+def all_objects(addons: list[Addon]) -> list[dict]:
+    return ordered(obj for addon in addons for obj in addon.objects)
+
+
+# --- YAML out -------------------------------------------------------------------
+
+
+class _Representer(SafeRepresenter):
+    """Multi-line strings (config files in ConfigMaps) as literal blocks, readable in review."""
+
+
+def _represent_str(representer: SafeRepresenter, value: str):
+    style = "|" if "\n" in value else None
+    return representer.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Representer.add_representer(str, _represent_str)
+
+
+def _yaml() -> YAML:
+    yaml = YAML(typ="safe", pure=True)
+    yaml.Representer = _Representer
+    yaml.default_flow_style = False
+    yaml.sort_base_mapping_type_on_output = False
+    yaml.indent(mapping=2, sequence=4, offset=2)  # kubectl's layout
+    yaml.width = 4096  # long CEL expressions and flags stay on one line
+    yaml.explicit_start = True
+    return yaml
+
+
+def _dump(objects: list[dict], header: str | None) -> str:
+    stream = io.StringIO()
+    if header:
+        stream.write(header)
+    _yaml().dump_all(objects, stream)
+    return stream.getvalue()
+
+
+def header(cluster: Cluster, what: str) -> str:
+    return (
+        f"# {what} of cluster {cluster.name} (Kubernetes {cluster.kubernetes.version}).\n"
+        f"# Rendered by `corral manifests {cluster.name}` from clusters/{cluster.name}.yaml: "
+        "edit the cluster file, not this.\n"
+    )
+
+
+def to_yaml(cluster: Cluster, objects: list[dict], what: str = "Add-on manifests") -> str:
+    """One multi-document YAML stream, `objects` in the order given."""
+    return _dump(list(objects), header(cluster, what))

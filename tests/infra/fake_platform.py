@@ -1,0 +1,102 @@
+"""A FAKE cloud package for the core's tests: the five components of
+`corral/infra/platform.py`, each registering a few `fake:` resources.
+
+It lets the program, Pki, bootstrap and plan be tested on their own (what
+the program hands each component, what the plan records), independently of
+the real cloud packages, which have their own tests. Each component keeps
+its arguments (`calls`) so tests can check what the program passed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+
+calls: dict[str, list[dict[str, Any]]] = {}
+
+
+def _record(component: str, **arguments: Any) -> None:
+    calls.setdefault(component, []).append(arguments)
+
+
+def reset() -> None:
+    calls.clear()
+
+
+class Network(pulumi.ComponentResource):
+    def __init__(self, name, ctx, opts=None):
+        super().__init__("corral:fake:Network", name, None, opts)
+        _record("Network", name=name, ctx=ctx)
+        self.vpc = pulumi.CustomResource(
+            "fake:index:Network", f"{name}-vpc",
+            {"cidr": ctx.cluster.control_plane.network_cidr, "zones": [z.zone for z in ctx.layout.zones]},
+            pulumi.ResourceOptions(parent=self),
+        )
+        self.register_outputs({})
+
+
+class Etcd(pulumi.ComponentResource):
+    def __init__(self, name, ctx, network, members, user_data, opts=None):
+        super().__init__("corral:fake:Etcd", name, None, opts)
+        _record("Etcd", name=name, members=list(members), user_data=list(user_data))
+        disk = ctx.cluster.control_plane.etcd.disk
+        for member, document in zip(members, user_data):
+            pulumi.CustomResource(
+                "fake:index:Disk", f"{member.name}-data",
+                {"zone": member.zone, "type": disk.type, "sizeGiB": disk.size_gib, "iops": disk.iops},
+                pulumi.ResourceOptions(parent=self, protect=True, retain_on_delete=True),
+            )
+            pulumi.CustomResource(
+                "fake:index:Vm", member.name,
+                {"zone": member.zone, "privateIp": member.ip, "userData": document},
+                pulumi.ResourceOptions(parent=self),
+            )
+        self.register_outputs({})
+
+
+class ApiServers(pulumi.ComponentResource):
+    def __init__(self, name, ctx, network, user_data, opts=None):
+        super().__init__("corral:fake:ApiServers", name, None, opts)
+        _record("ApiServers", name=name, user_data=list(user_data))
+        for server, document in zip(ctx.layout.api_servers, user_data):
+            pulumi.CustomResource(
+                "fake:index:Vm", server.name,
+                {"zone": server.zone, "privateIp": server.ip, "userData": document},
+                pulumi.ResourceOptions(parent=self),
+            )
+        pulumi.CustomResource(
+            "fake:index:LoadBalancer", f"{name}-lb", {"address": ctx.layout.api_vip, "port": 6443},
+            pulumi.ResourceOptions(parent=self),
+        )
+        self.register_outputs({})
+
+
+class NodePools(pulumi.ComponentResource):
+    def __init__(self, name, ctx, network, user_data, opts=None):
+        super().__init__("corral:fake:NodePools", name, None, opts)
+        _record("NodePools", name=name, user_data=dict(user_data))
+        for pool in ctx.cluster.cloud_pools:
+            pulumi.CustomResource(
+                "fake:index:Group", f"{ctx.cluster.name}-{pool.name}",
+                {"minSize": pool.min_size, "maxSize": pool.max_size, "userData": user_data[pool.name]},
+                pulumi.ResourceOptions(parent=self),
+            )
+        self.register_outputs({})
+
+
+class HybridLink(pulumi.ComponentResource):
+    def __init__(self, name, ctx, network, shared_keys, opts=None):
+        super().__init__("corral:fake:HybridLink", name, None, opts)
+        _record("HybridLink", name=name, shared_keys=dict(shared_keys))
+        self.sites: dict[str, pulumi.Output[dict]] = {}
+        for site_name, key in shared_keys.items():
+            connection = pulumi.CustomResource(
+                "fake:index:VpnConnection", f"{ctx.cluster.name}-{site_name}",
+                {"sharedKey": key}, pulumi.ResourceOptions(parent=self),
+            )
+            self.sites[site_name] = pulumi.Output.from_input({
+                "gatewayAddress": "198.51.100.7",
+                "connection": connection.id,
+            })
+        self.register_outputs({})

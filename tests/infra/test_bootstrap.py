@@ -1,0 +1,305 @@
+"""Cloud-init documents: rendered, parsed back, and their configs checked flag by flag."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import yaml
+
+from corral.infra import bootstrap
+from corral.infra.bootstrap import (
+    ControlPlaneTls,
+    EtcdMemberTls,
+    render_api_server_cloud_init,
+    render_etcd_cloud_init,
+    render_pool_cloud_init,
+    render_scheduler_config,
+)
+from corral.model import load_fleet
+from corral.model.layout import layout
+
+from .conftest import EXAMPLES
+
+TOKEN = "abcdef.0123456789abcdef"
+DIGEST = "sha256:" + "ab" * 32
+
+
+def pem(kind: str, label: str) -> str:
+    return f"-----BEGIN {kind}-----\n{label}\n-----END {kind}-----\n"
+
+
+ETCD_TLS = EtcdMemberTls(
+    pem("CERTIFICATE", "etcd-ca"), pem("CERTIFICATE", "server"), pem("RSA PRIVATE KEY", "server-key"),
+    pem("CERTIFICATE", "peer"), pem("RSA PRIVATE KEY", "peer-key"),
+)
+CP_TLS = ControlPlaneTls(
+    pem("CERTIFICATE", "k8s-ca"), pem("RSA PRIVATE KEY", "k8s-ca-key"),
+    pem("CERTIFICATE", "fp-ca"), pem("RSA PRIVATE KEY", "fp-ca-key"),
+    pem("RSA PRIVATE KEY", "sa-key"), pem("PUBLIC KEY", "sa-pub"),
+    pem("CERTIFICATE", "etcd-ca"), pem("CERTIFICATE", "etcd-client"), pem("RSA PRIVATE KEY", "etcd-client-key"),
+)
+
+
+def example(name: str):
+    return load_fleet([EXAMPLES]).clusters[name]
+
+
+def cloud_config(text: str) -> tuple[dict[str, dict], list[str]]:
+    """write_files by path, and the commands, of a cloud-init document."""
+    assert text.startswith("#cloud-config\n")
+    document = yaml.safe_load(text)
+    return {f["path"]: f for f in document["write_files"]}, document["runcmd"]
+
+
+def docs(text: str) -> dict[str, dict]:
+    return {d["kind"]: d for d in yaml.safe_load_all(text) if d}
+
+
+def extra_args(section: dict) -> dict[str, str]:
+    """kubeadm extraArgs as a map, from v1beta4's list or v1beta3's map."""
+    args = section["extraArgs"]
+    return {a["name"]: a["value"] for a in args} if isinstance(args, list) else dict(args)
+
+
+# --- etcd -----------------------------------------------------------------------
+
+
+def test_etcd_member_config(cluster_variant):
+    jaguar = cluster_variant("jaguar", {"members: 5 ": "members: 5\n    quotaBackendGiB: 6 "})
+    lay = layout(jaguar)
+    member = lay.etcd_members[2]
+    files, commands = cloud_config(render_etcd_cloud_init(jaguar, member, lay.etcd_members, ETCD_TLS))
+    config = yaml.safe_load(files["/etc/etcd/etcd.conf.yaml"]["content"])
+    assert config["name"] == "jaguar-etcd-2"
+    assert config["data-dir"] == "/var/lib/etcd"
+    assert config["initial-cluster"] == ",".join(f"{m.name}=https://{m.ip}:2380" for m in lay.etcd_members)
+    assert config["initial-cluster-token"] == "jaguar-etcd"
+    assert config["quota-backend-bytes"] == 6 * 1024**3
+    assert config["listen-peer-urls"] == f"https://{member.ip}:2380"
+    assert config["advertise-client-urls"] == f"https://{member.ip}:2379"
+    for section in ("client-transport-security", "peer-transport-security"):
+        assert config[section]["client-cert-auth"] is True
+        assert config[section]["trusted-ca-file"] == "/etc/etcd/pki/ca.crt"
+    assert files["/etc/etcd/pki/server.key"]["permissions"] == "0600"
+    assert files["/etc/etcd/pki/peer.key"]["content"] == ETCD_TLS.peer_key
+    unit = files["/etc/systemd/system/etcd.service"]["content"]
+    assert "RequiresMountsFor=/var/lib/etcd" in unit and "--config-file /etc/etcd/etcd.conf.yaml" in unit
+    assert commands == ["/usr/local/sbin/corral-etcd-data-disk", "/usr/local/sbin/corral-install-etcd"]
+
+
+def test_events_members_are_their_own_etcd_cluster(cluster_variant):
+    jaguar = cluster_variant("jaguar", {"members: 5 ": "members: 5\n    dedicatedEventsCluster: true "})
+    lay = layout(jaguar)
+    files, _ = cloud_config(render_etcd_cloud_init(jaguar, lay.events_members[0], lay.events_members, ETCD_TLS, events=True))
+    config = yaml.safe_load(files["/etc/etcd/etcd.conf.yaml"]["content"])
+    assert config["initial-cluster-token"] == "jaguar-etcd-events"
+    assert "jaguar-etcd-0=" not in config["initial-cluster"]
+    assert config["initial-cluster"].count("jaguar-etcd-events-") == 5
+
+
+@pytest.mark.parametrize("name, device", [
+    ("jaguar", "DEVICE=/dev/disk/azure/scsi1/lun0"),
+    ("heron", "DEVICE=/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_${VOLUME//-/}"),
+    ("ibis", "DEVICE=/dev/disk/by-id/google-etcd-data"),
+])
+def test_data_disk_found_by_stable_path_and_never_reformatted(name, device):
+    cluster = example(name)
+    lay = layout(cluster)
+    files, _ = cloud_config(render_etcd_cloud_init(cluster, lay.etcd_members[0], lay.etcd_members, ETCD_TLS))
+    script = files["/usr/local/sbin/corral-etcd-data-disk"]["content"]
+    assert device in script
+    # mkfs only when blkid finds no filesystem; fstab by UUID, mounted at /var/lib/etcd.
+    assert script.index("if ! blkid -p") < script.index("mkfs.ext4")
+    assert 'UUID=$UUID /var/lib/etcd ext4' in script
+
+
+def test_disk_paths_match_the_cloud_packages():
+    """The bootstrap and each cloud package must agree on where the etcd disk appears."""
+    azure = importlib.import_module("corral.infra.azure.common")
+    assert azure.ETCD_DISK_DEVICE == bootstrap.AZURE_ETCD_DEVICE
+    aws = importlib.import_module("corral.infra.aws.etcd")
+    assert aws.VOLUME_TAG == bootstrap.AWS_ETCD_VOLUME_TAG
+    gcp_sources = "\n".join(p.read_text() for p in (EXAMPLES.parent / "corral" / "infra" / "gcp").glob("*.py"))
+    assert f'"{bootstrap.GCP_ETCD_DEVICE_NAME}"' in gcp_sources
+
+
+# --- API servers ----------------------------------------------------------------------
+
+
+def api_server(cluster, index: int = 0):
+    lay = layout(cluster)
+    files, commands = cloud_config(render_api_server_cloud_init(cluster, lay, index, CP_TLS, TOKEN, DIGEST))
+    return lay, files, commands
+
+
+def test_first_api_server_inits_with_external_etcd_and_large_cluster_flags():
+    jaguar = example("jaguar")  # Kubernetes 1.31: kubeadm v1beta4
+    lay, files, commands = api_server(jaguar, 0)
+    kubeadm = docs(files["/etc/kubernetes/kubeadm/kubeadm.yaml"]["content"])
+    assert files["/etc/kubernetes/kubeadm/kubeadm.yaml"]["permissions"] == "0600"
+    init = kubeadm["InitConfiguration"]
+    assert init["apiVersion"] == "kubeadm.k8s.io/v1beta4"
+    assert init["bootstrapTokens"][0]["token"] == TOKEN
+    assert init["localAPIEndpoint"]["advertiseAddress"] == lay.api_servers[0].ip
+    cluster_config = kubeadm["ClusterConfiguration"]
+    assert cluster_config["controlPlaneEndpoint"] == lay.api_endpoint
+    assert cluster_config["kubernetesVersion"] == "v1.31.4"
+    assert cluster_config["networking"] == {"podSubnet": "10.128.0.0/14", "serviceSubnet": "10.96.0.0/16"}
+    external = cluster_config["etcd"]["external"]
+    assert external["endpoints"] == [f"https://{m.ip}:2379" for m in lay.etcd_members]
+    args = extra_args(cluster_config["apiServer"])
+    plugins = args["enable-admission-plugins"].split(",")
+    assert {"NodeRestriction", "PodTolerationRestriction", "ExtendedResourceToleration"} <= set(plugins)
+    assert "etcd-servers-overrides" not in args  # no dedicated events cluster
+    assert extra_args(cluster_config["scheduler"]) == {"config": "/etc/kubernetes/scheduler-config.yaml"}
+    kubelet = kubeadm["KubeletConfiguration"]
+    assert kubelet["serializeImagePulls"] is False
+    assert kubelet["cgroupDriver"] == "systemd"
+    script = files["/usr/local/sbin/corral-api-server"]["content"]
+    assert "kubeadm init --config /etc/kubernetes/kubeadm/kubeadm.yaml" in script
+    assert "kubeadm join" not in script
+    assert commands == ["/usr/local/sbin/corral-api-server"]
+
+
+def test_pre_issued_keys_go_to_kubeadms_pki_dir():
+    _, files, _ = api_server(example("heron"))
+    pki = "/etc/kubernetes/pki"
+    expected = {
+        "ca.crt": CP_TLS.ca_cert, "ca.key": CP_TLS.ca_key, "front-proxy-ca.crt": CP_TLS.front_proxy_ca_cert,
+        "front-proxy-ca.key": CP_TLS.front_proxy_ca_key, "sa.key": CP_TLS.service_account_key,
+        "sa.pub": CP_TLS.service_account_public_key, "etcd/ca.crt": CP_TLS.etcd_ca_cert,
+        "apiserver-etcd-client.crt": CP_TLS.etcd_client_cert, "apiserver-etcd-client.key": CP_TLS.etcd_client_key,
+    }
+    for name, content in expected.items():
+        assert files[f"{pki}/{name}"]["content"] == content
+        assert files[f"{pki}/{name}"]["permissions"] == ("0600" if name.endswith(".key") else "0644")
+
+
+def test_events_override_points_at_the_events_members(cluster_variant):
+    jaguar = cluster_variant("jaguar", {"members: 5 ": "members: 5\n    dedicatedEventsCluster: true "})
+    lay, files, _ = api_server(jaguar)
+    cluster_config = docs(files["/etc/kubernetes/kubeadm/kubeadm.yaml"]["content"])["ClusterConfiguration"]
+    override = extra_args(cluster_config["apiServer"])["etcd-servers-overrides"]
+    assert override == "/events#" + ";".join(f"https://{m.ip}:2379" for m in lay.events_members)
+
+
+def test_other_api_servers_join_the_control_plane():
+    heron = example("heron")  # Kubernetes 1.30: kubeadm v1beta3
+    lay, files, _ = api_server(heron, 2)
+    join = docs(files["/etc/kubernetes/kubeadm/kubeadm.yaml"]["content"])
+    assert set(join) == {"JoinConfiguration"}
+    config = join["JoinConfiguration"]
+    assert config["apiVersion"] == "kubeadm.k8s.io/v1beta3"
+    assert config["controlPlane"]["localAPIEndpoint"]["advertiseAddress"] == lay.api_servers[2].ip
+    assert config["discovery"]["bootstrapToken"]["caCertHashes"] == [DIGEST]
+    script = files["/usr/local/sbin/corral-api-server"]["content"]
+    assert "kubeadm join --config" in script and "kubeadm init" not in script
+    # Discovery through any peer already up, never through itself.
+    assert lay.api_servers[0].ip in script and lay.api_servers[2].ip not in script.split("for ip in")[1].split(";")[0]
+
+
+def test_v1beta3_extra_args_are_a_map():
+    _, files, _ = api_server(example("heron"), 0)
+    cluster_config = docs(files["/etc/kubernetes/kubeadm/kubeadm.yaml"]["content"])["ClusterConfiguration"]
+    assert isinstance(cluster_config["apiServer"]["extraArgs"], dict)
+
+
+# --- Scheduler -------------------------------------------------------------------------
+
+
+def profile(text: str) -> dict:
+    config = yaml.safe_load(text)
+    assert config["kind"] == "KubeSchedulerConfiguration"
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    (only,) = config["profiles"]
+    return only
+
+
+def plugin_args(profile_: dict, name: str) -> dict | None:
+    return next((p["args"] for p in profile_.get("pluginConfig", []) if p["name"] == name), None)
+
+
+def test_bin_packing_is_most_allocated_with_gpus_weighted(cluster_variant):
+    ibis = example("ibis")  # binPacking, no coscheduling
+    only = profile(render_scheduler_config(ibis))
+    strategy = plugin_args(only, "NodeResourcesFit")["scoringStrategy"]
+    assert strategy["type"] == "MostAllocated"
+    weights = {r["name"]: r["weight"] for r in strategy["resources"]}
+    assert weights["nvidia.com/gpu"] > weights["cpu"] == weights["memory"] == 1
+    assert {"name": "NodeResourcesBalancedAllocation"} in only["plugins"]["score"]["disabled"]
+    assert plugin_args(only, "Coscheduling") is None and "queueSort" not in only["plugins"]
+
+
+def test_no_bin_packing_leaves_the_default_scoring(cluster_variant):
+    ibis = cluster_variant("ibis", {"binPacking: true": "binPacking: false"})
+    only = profile(render_scheduler_config(ibis))
+    assert plugin_args(only, "NodeResourcesFit") is None and "plugins" not in only
+
+
+def test_coscheduling_profile_and_scheduler_image():
+    jaguar = example("jaguar")  # binPacking and coscheduling
+    only = profile(render_scheduler_config(jaguar))
+    for point in ("queueSort", "preFilter", "postFilter", "permit", "reserve"):
+        assert {"name": "Coscheduling"} in only["plugins"][point]["enabled"]
+    assert plugin_args(only, "Coscheduling")["permitWaitingTimeSeconds"] > 0
+    assert plugin_args(only, "NodeResourcesFit")["scoringStrategy"]["type"] == "MostAllocated"
+    _, files, _ = api_server(jaguar)
+    patch = yaml.safe_load(files["/etc/kubernetes/patches/kube-scheduler+strategic.yaml"]["content"])
+    assert patch["spec"]["containers"][0]["image"].startswith("registry.k8s.io/scheduler-plugins/kube-scheduler:v0.31.")
+    init = docs(files["/etc/kubernetes/kubeadm/kubeadm.yaml"]["content"])["InitConfiguration"]
+    assert init["patches"] == {"directory": "/etc/kubernetes/patches"}
+    assert files["/etc/kubernetes/scheduler-config.yaml"]["content"] == render_scheduler_config(jaguar)
+
+
+def test_coscheduling_on_an_unknown_minor_is_a_clear_error(cluster_variant):
+    jaguar = cluster_variant("jaguar", {'version: "1.31.4"': 'version: "1.33.1"'})
+    with pytest.raises(ValueError, match="scheduler-plugins release for Kubernetes 1.33"):
+        render_scheduler_config(jaguar)
+
+
+# --- Cloud pool nodes --------------------------------------------------------------------
+
+
+def test_pool_nodes_join_with_the_shared_template_and_their_labels_and_taints():
+    heron = example("heron")
+    lay = layout(heron)
+    pool = heron.pool("gpu-a10g-inference")
+    files, commands = cloud_config(render_pool_cloud_init(heron, lay, pool, TOKEN, DIGEST))
+    join_file = files["/etc/kubernetes/kubeadm/join.yaml"]
+    assert join_file["permissions"] == "0600"
+    assert "join-configuration.yaml.j2" in join_file["content"]  # the shared template's banner
+    join = yaml.safe_load(join_file["content"])
+    assert join["kind"] == "JoinConfiguration"
+    discovery = join["discovery"]["bootstrapToken"]
+    assert discovery == {"apiServerEndpoint": lay.api_endpoint, "token": TOKEN, "caCertHashes": [DIGEST]}
+    registration = join["nodeRegistration"]
+    assert registration["name"] == bootstrap.NODE_NAME_PLACEHOLDER
+    labels = dict(item.split("=", 1) for item in registration["kubeletExtraArgs"]["node-labels"].split(","))
+    assert labels == heron.node_labels(pool)
+    assert labels["corral.dev/team"] == "inference"
+    taints = {(t["key"], t.get("value"), t["effect"]) for t in registration["taints"]}
+    assert ("corral.dev/team", "inference", "NoSchedule") in taints
+    assert ("nvidia.com/gpu", "present", "NoSchedule") in taints
+    script = files["/usr/local/sbin/corral-pool-node"]["content"]
+    assert bootstrap.NODE_NAME_PLACEHOLDER in script and "kubeadm join --config" in script
+    assert commands == ["/usr/local/sbin/corral-pool-node"]
+
+
+def test_nodes_get_the_clusters_arp_thresholds_and_pinned_kubernetes():
+    jaguar = example("jaguar")
+    files, _ = cloud_config(render_pool_cloud_init(jaguar, layout(jaguar), jaguar.pool("cpu-d64"), TOKEN, DIGEST))
+    sysctl = files["/etc/sysctl.d/90-corral.conf"]["content"]
+    assert "net.ipv4.neigh.default.gc_thresh3 = 100000" in sysctl
+    prep = files["/usr/local/sbin/corral-node-prep"]["content"]
+    assert "kubeadm=1.31.4-1.1" in prep and "core:/stable:/v1.31/deb/" in prep
+    assert "apt-mark hold kubelet kubeadm kubectl" in prep
+
+
+def test_cloud_init_stays_valid_yaml_with_awkward_values(cluster_variant):
+    """Quotes, colons and '#' in file contents survive the round trip (every scalar is JSON-quoted)."""
+    heron = example("heron")
+    lay = layout(heron)
+    awkward = EtcdMemberTls(*(['a: "b" # c\n  - d: {e}\n'] * 5))
+    files, _ = cloud_config(render_etcd_cloud_init(heron, lay.etcd_members[0], lay.etcd_members, awkward))
+    assert files["/etc/etcd/pki/server.key"]["content"] == 'a: "b" # c\n  - d: {e}\n'
