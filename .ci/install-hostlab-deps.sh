@@ -14,12 +14,10 @@ export DEBIAN_FRONTEND=noninteractive
 # openssh-client       - ssh/ssh-keygen to reach the hosts
 # apt-utils            - apt-ftparchive, indexes the local signed apt repo
 # gnupg                - signs the local apt repo (InRelease)
-# dpkg-dev             - dpkg-deb (usually present) for building fake packages
-# util-linux           - setsid, mount
-# procps               - pkill-free process inspection (ps)
-# xz-utils, zstd       - compression of the cached base tarball
+# zstd                 - compression of the cached base tarball
+# (dpkg-deb, mount and setsid come with dpkg and util-linux, always present)
 PKGS=(debootstrap systemd-container iptables iproute2 bridge-utils openssh-client
-      apt-utils gnupg dpkg-dev util-linux procps xz-utils zstd)
+      apt-utils gnupg zstd)
 
 missing=()
 for p in "${PKGS[@]}"; do

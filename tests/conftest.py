@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["tests.hostlab.conftest_plugin"]
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "clusters"
 

@@ -27,7 +27,7 @@ _ROOT = Path(__file__).resolve().parents[1]
 if str(_ROOT) not in sys.path:  # `pytest tests/test_hostlab.py` without pythonpath config
     sys.path.insert(0, str(_ROOT))
 
-from tests.hostlab import AptRepo, Lab, LabConfig, available  # noqa: E402
+from tests.hostlab import Lab, LabConfig, available  # noqa: E402
 from tests.hostlab.aptrepo import default_repos, render_fake  # noqa: E402
 from tests.hostlab.lab import _RULE_COMMENT_PREFIX, _mounted_under  # noqa: E402
 
@@ -192,6 +192,26 @@ def test_inventory_uses_names_and_ansible_host(tmp_path):
     assert f"Host gpu-001.sf1.internal gpu-001 {a.ip}" in cfg
 
 
+def test_available_names_what_is_missing(monkeypatch):
+    import tests.hostlab.lab as lab_mod
+    monkeypatch.setattr(lab_mod.os, "geteuid", lambda: 1000)
+    ok, reason = lab_mod.available()
+    assert not ok and "root" in reason
+    monkeypatch.setattr(lab_mod.os, "geteuid", lambda: 0)
+    real_which = shutil.which
+    monkeypatch.setattr(lab_mod.shutil, "which",
+                        lambda tool: None if tool == "debootstrap" else real_which(tool))
+    ok, reason = lab_mod.available()
+    assert not ok and "debootstrap" in reason and "install-hostlab-deps.sh" in reason
+
+
+def test_unreachable_mirror_is_named_in_the_error(tmp_path):
+    from tests.hostlab import LabError
+    lab = Lab(LabConfig(cache_dir=tmp_path, mirror="http://127.0.0.1:9/debian"))
+    with pytest.raises(LabError, match=r"mirror http://127\.0\.0\.1:9/debian is unreachable"):
+        lab._check_mirror()
+
+
 # --------------------------------------------------------------------------
 # real hosts
 # --------------------------------------------------------------------------
@@ -342,6 +362,21 @@ def test_kubelet_crashloops_until_kubeadm_join_and_nvidia_ctk_on_host(hostlab_re
     h.run("nvidia-ctk runtime configure --runtime=containerd --set-as-default")
     cfg = tomllib.loads(h.path("/etc/containerd/config.toml").read_text())
     assert cfg["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["default_runtime_name"] == "nvidia"
+
+
+@pytest.mark.hostlab
+def test_degraded_host_reports_failed_units(hostlab_hosts):
+    def broken_unit(host):
+        unit = host.path("/etc/systemd/system/corral-broken.service")
+        unit.write_text("[Service]\nType=oneshot\nExecStart=/bin/false\n"
+                        "[Install]\nWantedBy=multi-user.target\n")
+        wants = host.path("/etc/systemd/system/multi-user.target.wants")
+        wants.mkdir(parents=True, exist_ok=True)
+        (wants / "corral-broken.service").symlink_to("/etc/systemd/system/corral-broken.service")
+
+    with pytest.warns(UserWarning, match="corral-broken.service"):
+        (h,) = hostlab_hosts(["broken-001"], prepare=broken_unit)
+    assert h.state == "degraded" and h.failed_units == ["corral-broken.service"]
 
 
 @pytest.mark.hostlab

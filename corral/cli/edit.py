@@ -254,18 +254,38 @@ def list_pools(cluster: ClusterArg, clusters: ClustersOption = DEFAULT_CLUSTERS)
 # --- corral cluster new ---------------------------------------------------------
 
 STACK_CONFIG = {
-    "azure": "  azure-native:location: {region}\n",
-    "aws": "  aws:region: {region}\n",
-    "gcp": "  gcp:project: REPLACE-ME       # the GCP project that bills this cluster\n  gcp:region: {region}\n",
+    "azure": (
+        "  # Must equal controlPlane.region of clusters/{name}.yaml (the program checks).\n"
+        "  azure-native:location: {region}\n"
+        "  # The subscription comes from ARM_SUBSCRIPTION_ID or `az account show`;\n"
+        "  # pin it per stack with:\n"
+        "  #   pulumi config set -s {name} azure-native:subscriptionId <id>\n"
+    ),
+    "aws": (
+        "  # Must equal controlPlane.region of clusters/{name}.yaml (the program checks).\n"
+        "  aws:region: {region}\n"
+        "  # Machine images (built from node-images/):\n"
+        "  #   pulumi config set -s {name} corral:nodeImage ami-...\n"
+        "  #   pulumi config set -s {name} corral:gpuNodeImage ami-...\n"
+    ),
+    "gcp": (
+        "  # The GCP project every resource of this stack lands in. REPLACE IT.\n"
+        "  gcp:project: REPLACE-ME\n"
+        "  # Must equal controlPlane.region of clusters/{name}.yaml (the program checks).\n"
+        "  gcp:region: {region}\n"
+        "  # Machine images (built from node-images/):\n"
+        "  #   pulumi config set -s {name} corral:nodeImage projects/<p>/global/images/family/<f>\n"
+    ),
 }
 
 
 def stack_text(name: str, cloud: str, region: str) -> str:
+    """stacks/Pulumi.NAME.yaml, like the fleet's other stack files: only what the cluster file does not say."""
     return (
-        f"# Pulumi stack of cluster {name} (clusters/{name}.yaml); `pulumi up -s {name}`.\n"
-        "# The cluster's shape comes from its cluster file; this holds only the provider's\n"
-        "# settings (and secrets Pulumi encrypts).\n"
-        "config:\n" + STACK_CONFIG[cloud].format(region=region)
+        f"# Stack settings of cluster {name} (clusters/{name}.yaml): only what the cluster\n"
+        "# file does not say. The cluster's shape (zones, sizes, disks, pools) is never\n"
+        "# written here.\n"
+        "config:\n" + STACK_CONFIG[cloud].format(name=name, region=region)
     )
 
 

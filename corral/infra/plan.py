@@ -44,6 +44,7 @@ from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import rpc, settings
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
+from google.protobuf import struct_pb2
 
 from corral.model import Cluster
 
@@ -106,8 +107,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         response = super().RegisterResource(request)
         if request.type == STACK_TYPE:
             return response
-        # Unknowns kept as Unknown, secrets as Pulumi's wrapped secret values.
-        inputs = rpc.deserialize_properties(request.object, keep_unknowns=True)
+        inputs = decode_wire(request.object)
         registration = Registration(
             type=request.type,
             name=request.name,
@@ -140,27 +140,61 @@ class _Diagnostics(logging.Handler):
 # --- Masking --------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class SecretValue:
+    """A value the engine would get marked secret, at exactly the place it was marked."""
+
+    value: Any
+
+
+def decode_wire(value: Any) -> Any:
+    """A RegisterResource property (protobuf Struct/ListValue/scalar) as plain Python.
+
+    Pulumi's own `rpc.deserialize_properties` pushes a secret up to the dict or
+    list holding it, which would hide (and, when remembered, mask) harmless
+    siblings such as a VM's name beside its user data; this keeps each secret
+    where it is: `SecretValue`. Unknowns become `Unknown`.
+    """
+    if isinstance(value, struct_pb2.Struct):
+        if rpc._special_sig_key in value:
+            signature = value[rpc._special_sig_key]
+            if signature == rpc._special_secret_sig:
+                return SecretValue(decode_wire(value["value"]) if "value" in value else None)
+            if signature == rpc._special_resource_sig:
+                return f"resource:{value['urn']}" if "urn" in value else "resource"
+            return f"<{signature}>"  # assets, archives
+        return {key: decode_wire(item) for key, item in value.items()}
+    if isinstance(value, struct_pb2.ListValue):
+        return [decode_wire(item) for item in value]
+    if value == rpc.UNKNOWN:
+        return Unknown()
+    return value
+
+
 class Masker:
     """Turns recorded values into JSON, masking secrets (see the module docstring)."""
 
     def __init__(self):
         self.secrets: set[str] = set()
 
-    def _remember(self, value: Any) -> None:
-        if isinstance(value, str):
+    def remember(self, value: Any) -> None:
+        """Note a secret's plaintext (its string leaves), to find it wherever it leaks."""
+        if isinstance(value, SecretValue):
+            self.remember(value.value)
+        elif isinstance(value, str):
             if len(value) >= MIN_SECRET_LENGTH:
                 self.secrets.add(value)
         elif isinstance(value, dict):
             for item in value.values():
-                self._remember(item)
+                self.remember(item)
         elif isinstance(value, (list, tuple)):
             for item in value:
-                self._remember(item)
+                self.remember(item)
 
     def plain(self, value: Any) -> Any:
         """First pass: secrets and unknowns marked, numbers tidied, plaintexts remembered."""
-        if rpc.is_rpc_secret(value):
-            self._remember(rpc.unwrap_rpc_secret(value))
+        if isinstance(value, SecretValue):
+            self.remember(value.value)
             return SECRET
         if isinstance(value, Unknown):
             return UNKNOWN
@@ -174,7 +208,7 @@ class Masker:
             return SECRET if any(marker in value for marker in PRIVATE_KEY_MARKERS) else value
         if value is None or isinstance(value, (bool, int, float)):
             return value
-        return repr(value)  # assets, archives, resource references
+        return repr(value)
 
     def scrub(self, value: Any) -> Any:
         """Second pass: any string containing a remembered secret is masked."""
@@ -196,7 +230,7 @@ async def _resolve_output(value: Any, masker: Masker) -> Any:
     output = pulumi.Output.from_input(value)
     data = await output.future(with_unknowns=True)
     if await output.is_secret():
-        masker._remember(data)
+        masker.remember(data)
         return SECRET
     if not await output.is_known():
         return UNKNOWN

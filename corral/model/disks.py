@@ -37,10 +37,28 @@ class DiskType:
     max_mbps_per_iops: float | None = None
     # What the cloud gives when throughput is not set (its baseline).
     default_throughput_mbps: int | None = None
+    # GCP: the machine series (`c3` of `c3-highmem-8`) that can attach this
+    # type; None where any machine of the cloud can.
+    attach_series: frozenset[str] | None = None
 
     @property
     def takes_throughput(self) -> bool:
         return self.throughput_mbps is not None
+
+
+# Compute Engine docs, "Machine series support" of each disk type: Hyperdisk
+# Balanced only on the newer (Titanium) series, not N1, N2, N2D, E2, T2D, A2
+# or G2; Hyperdisk Extreme on large shapes; pd-extreme on N2 (64+ vCPUs) and M.
+HYPERDISK_BALANCED_SERIES = frozenset(
+    {"a3", "a4", "a4x", "c3", "c3d", "c4", "c4a", "c4d", "g4", "h3", "h4d", "m1", "m3", "m4", "n4", "n4a", "n4d", "x4", "z3"}
+)
+HYPERDISK_EXTREME_SERIES = frozenset({"a3", "c3", "c3d", "c4", "c4a", "c4d", "m1", "m2", "m3", "m4", "n2", "x4", "z3"})
+PD_EXTREME_SERIES = frozenset({"m1", "m2", "m3", "n2"})
+
+
+def machine_series(machine_type: str) -> str:
+    """`c3` of `c3-highmem-8`."""
+    return machine_type.split("-", 1)[0].lower()
 
 
 DISK_TYPES: dict[str, DiskType] = {
@@ -54,10 +72,13 @@ DISK_TYPES: dict[str, DiskType] = {
                  max_iops_per_gib=500, max_mbps_per_iops=0.25, default_throughput_mbps=125),
         DiskType("aws", "io1", (100, 64_000), None, (4, 16_384), max_iops_per_gib=50),
         DiskType("aws", "io2", (100, 256_000), None, (4, 65_536), max_iops_per_gib=1_000),
-        DiskType("gcp", "pd-extreme", (10_000, 120_000), None, (500, 65_536)),
-        DiskType("gcp", "hyperdisk-extreme", (2_500, 350_000), None, (64, 65_536)),
+        DiskType("gcp", "pd-extreme", (10_000, 120_000), None, (500, 65_536),
+                 attach_series=PD_EXTREME_SERIES),
+        DiskType("gcp", "hyperdisk-extreme", (2_500, 350_000), None, (64, 65_536),
+                 attach_series=HYPERDISK_EXTREME_SERIES),
         DiskType("gcp", "hyperdisk-balanced", (3_000, 160_000), (140, 2_400), (4, 65_536),
-                 max_iops_per_gib=500, default_throughput_mbps=140),
+                 max_iops_per_gib=500, default_throughput_mbps=140,
+                 attach_series=HYPERDISK_BALANCED_SERIES),
     )
 }
 

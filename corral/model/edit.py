@@ -411,6 +411,10 @@ def _hints_from_pairs(pairs: list[tuple[Node, Node]]) -> _Hints:
     return hints
 
 
+def _canonical(key: str) -> int:
+    return CANONICAL_POOL_KEYS.index(key) if key in CANONICAL_POOL_KEYS else len(CANONICAL_POOL_KEYS)
+
+
 def _key_order(siblings: list[Node]) -> list[str]:
     """Keys in the order the sibling pools write them, canonical keys slotted in."""
     order: list[str] = []
@@ -420,7 +424,11 @@ def _key_order(siblings: list[Node]) -> list[str]:
         previous = None
         for key, _ in sibling.pairs:
             if key.value not in order:
-                order.insert(order.index(previous) + 1 if previous is not None else 0, key.value)
+                at = order.index(previous) + 1 if previous is not None else 0
+                # Between two keys this sibling does not order, fall back on the canonical order.
+                while at < len(order) and _canonical(order[at]) < _canonical(key.value):
+                    at += 1
+                order.insert(at, key.value)
             previous = key.value
     for i, name in enumerate(CANONICAL_POOL_KEYS):
         if name in order:
@@ -750,6 +758,11 @@ def update_pool(text: str, name: str, changes: dict[str, Any]) -> str:
     return _check(new, data, f"changing pool '{name}'")
 
 
+def pool_data(text: str, name: str) -> dict[str, Any] | None:
+    """Pool `name` as the text holds it (plain data), or None."""
+    return next((p for p in pools_of(text) if isinstance(p, dict) and p.get("name") == name), None)
+
+
 def pools_of(text: str) -> list[dict[str, Any]]:
     data = _data(text)
     return list((data or {}).get(POOLS_KEY) or []) if isinstance(data, dict) else []
@@ -832,8 +845,16 @@ SCAFFOLD_DEFAULTS = {
 DEFAULT_KUBERNETES = "1.31.4"
 
 
-def _free_network(taken: list[ipaddress.IPv4Network], within: str, prefix: int) -> str:
-    for candidate in ipaddress.ip_network(within).subnets(new_prefix=prefix):
+def _free_network(taken: list[ipaddress.IPv4Network], within: str, prefix: int, stride: int | None = None) -> str:
+    """The first /prefix in `within` that overlaps nothing taken; with `stride`, the
+    first one at the start of a free /stride block (10.203.0.0/20 rather than
+    10.200.16.0/20: one /16 per cluster, as the example fleet does)."""
+    space = ipaddress.ip_network(within)
+    candidates = []
+    if stride is not None:
+        candidates = [next(block.subnets(new_prefix=prefix)) for block in space.subnets(new_prefix=stride)]
+    candidates += list(space.subnets(new_prefix=prefix))
+    for candidate in candidates:
         if not any(candidate.overlaps(t) for t in taken):
             taken.append(candidate)
             return str(candidate)
@@ -875,7 +896,7 @@ def new_cluster_text(
                 raise EditError(f"--network-cidr {network_cidr} overlaps cluster {owner}'s {what} {net}")
         taken.append(mine)
     else:
-        network_cidr = _free_network(taken, "10.200.0.0/13", 20)
+        network_cidr = _free_network(taken, "10.200.0.0/13", 20, stride=16)
     pod_cidr = _free_network(taken, "10.128.0.0/11", 14)
     service_cidr = _free_network(taken, "10.96.0.0/12", 16)
     versions = sorted((c.kubernetes.version for c in fleet.values()),

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 
 from .hosts import expand
 from .layout import MAX_ZONES, layout, network_too_small
-from .disks import DISK_TYPES, disk_types_for, etcd_iops_floor
+from .disks import DISK_TYPES, disk_types_for, etcd_iops_floor, machine_series
 from .schema import Cluster, CloudPool, OnPremPool
 
 Finding = tuple[tuple, str]
@@ -101,6 +101,12 @@ def _etcd_disk(cluster: Cluster) -> Iterator[Finding]:
             f"use one of {', '.join(disk_types_for(cloud))}"
         )
         return
+    etcd_type = cluster.control_plane.etcd.machine_type
+    if kind.attach_series is not None and machine_series(etcd_type) not in kind.attach_series:
+        yield ("controlPlane", "etcd", "machineType"), (
+            f"{etcd_type} ({machine_series(etcd_type).upper()} series) cannot attach {kind.name} disks; "
+            f"use a machine of series {', '.join(sorted(kind.attach_series))}"
+        )
     low, high = kind.size_gib
     if not low <= disk.size_gib <= high:
         yield (*here, "sizeGiB"), f"{kind.name} disks are {low} to {high} GiB, not {disk.size_gib}"

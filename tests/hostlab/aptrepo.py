@@ -21,13 +21,13 @@ Fake sources live in ``fakepkgs/``; see README.md for what each fake models.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import hashlib
 import http.server
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -295,8 +295,10 @@ def _fake_source(name: str) -> str:
 
 def render_fake(program: str, build: dict) -> str:
     """A fake program's final text: shared plumbing inlined, constants baked in."""
-    common = (FAKEPKGS / "_common.py").read_text().replace("@@BUILD@@", repr(dict(sorted(build.items()))))
-    return _fake_source(program).replace("@@COMMON@@", common)
+    common = (FAKEPKGS / "_common.py").read_text()
+    common = re.sub(r"^BUILD = \{\}  # @@BUILD@@.*$", lambda _: "BUILD = " + repr(dict(sorted(build.items()))),
+                    common, count=1, flags=re.M)
+    return _fake_source(program).replace("# @@COMMON@@", common.rstrip("\n"), 1)
 
 
 # --------------------------------------------------------------------------
@@ -415,9 +417,19 @@ class AptRepo:
                 finally:
                     shutil.rmtree(tmp, ignore_errors=True)
                     self._stop_agent()
+            os.utime(out)  # mark as recently used for _prune_old_repos
+            self._prune_old_repos(keep=out)
         self.root = out
         self.timings["build"] = time.monotonic() - t0
         return self
+
+    def _prune_old_repos(self, keep: Path, max_age_days: float = 2) -> None:
+        """Delete builds of other recipes unused for a while (each edit of a
+        fake makes a new one); recent ones may belong to a concurrent session."""
+        cutoff = time.time() - max_age_days * 86400
+        for d in self.cache_dir.glob("aptrepo-*"):
+            if d != keep and d.is_dir() and d.stat().st_mtime < cutoff:
+                shutil.rmtree(d, ignore_errors=True)
 
     def _build_repo(self, repo: RepoSpec, dest: Path, fpr: str) -> None:
         dest.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,8 @@ load ``tests.hostlab.conftest_plugin`` as a plugin (which also registers the
 * ``hostlab_repo`` (session): the default fake apt repo, built and served.
 * ``hostlab_repo_factory`` (session): ``factory(**AptRepo kwargs)`` for other
   versions (e.g. two driver versions); equal kwargs share one served repo.
-* ``hostlab_hosts`` (function): ``make(names_or_count, prefix="host")`` boots
+* ``hostlab_hosts`` (function): ``make(names_or_count, prefix="host", ips=None,
+  prepare=None)`` boots
   hosts that are destroyed when the test ends; returns a :class:`HostSet`.
 """
 
@@ -21,7 +22,7 @@ import ipaddress
 import json
 import os
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import pytest
 
@@ -116,12 +117,14 @@ def hostlab_repo(hostlab_repo_factory) -> AptRepo:
 
 @pytest.fixture
 def hostlab_hosts(hostlab):
-    """``make(names_or_count, prefix="host", ips=None)`` → HostSet, destroyed after the test."""
+    """``make(names_or_count, prefix="host", ips=None, prepare=None)`` → HostSet,
+    destroyed after the test."""
     created: list[Host] = []
 
     def make(names: int | Sequence[str] = 1, *, prefix: str = "host",
-             ips: Sequence[str] | None = None) -> HostSet:
-        hosts = hostlab.boot(names, prefix=prefix, ips=ips)
+             ips: Sequence[str] | None = None,
+             prepare: Callable[[Host], None] | None = None) -> HostSet:
+        hosts = hostlab.boot(names, prefix=prefix, ips=ips, prepare=prepare)
         created.extend(hosts)
         return HostSet(hostlab, hosts)
 

@@ -48,7 +48,7 @@ import urllib.request
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 log = logging.getLogger("corral.hostlab")
 
@@ -310,6 +310,20 @@ def _cgroup_remove(dirs: Iterable[Path], timeout: float = 10) -> None:
                 log.warning("cgroup %s still busy; leaving it", d)
                 break
             time.sleep(0.1)
+
+
+def _launcher_pids(bridge: str, machine: str) -> list[int]:
+    """PIDs of the systemd-nspawn launcher of a host, found via its cgroup."""
+    for key, base in _cgroup_hierarchies():
+        if key != "name=systemd":
+            continue
+        d = base / f"corral-hostlab-{bridge}" / machine
+        for candidate in (d / "supervisor", d):
+            with contextlib.suppress(OSError, ValueError):
+                pids = [int(p) for p in (candidate / "cgroup.procs").read_text().split()]
+                if pids:
+                    return pids
+    return []
 
 
 def _kill_cgroup(dirs: list[Path], sig: int = signal.SIGKILL) -> None:
@@ -588,6 +602,7 @@ class Lab:
                 return root
             if not tarball.exists():
                 self._build_base(tarball)
+                _prune_old_bases(cache, keep=key)
             t0 = time.monotonic()
             tmp = cache / f"base-{key}.extract"
             if tmp.exists():
@@ -756,7 +771,7 @@ class Lab:
             out.append(line)
         if not servers:
             warnings.warn("hostlab: this machine has only loopback nameservers; "
-                          "hosts will have no DNS (the local apt repo still works by IP)")
+                          "hosts will have no DNS (the local apt repo still works by IP)", stacklevel=2)
         return "# copied from the lab machine by the corral hostlab\n" + "\n".join(out) + "\n"
 
     # ------------------------------------------------------------------
@@ -823,11 +838,16 @@ class Lab:
             return host
 
     def boot(self, names: int | Sequence[str], *, prefix: str = "host",
-             ips: Sequence[str] | None = None, wait: bool = True) -> list[Host]:
+             ips: Sequence[str] | None = None, wait: bool = True,
+             prepare: Callable[[Host], None] | None = None) -> list[Host]:
         """Create and boot hosts concurrently; return them once all are ready.
 
         ``names`` is a count (hosts ``{prefix}1..N``) or a list of names, which
         may be DNS-like (``gpu-001.sf1.internal``); ``ansible_host`` is the IP.
+        ``prepare(host)`` runs after the host's disk is mounted and before it
+        boots (write files through ``host.path(...)``, e.g. a GPU profile for
+        the fakes).  A host that comes up "degraded" is ready too: its
+        ``failed_units`` says what failed and a warning is issued.
         """
         self.start()
         if isinstance(names, int):
@@ -835,7 +855,7 @@ class Lab:
             names = [f"{prefix}{n0 + i + 1}" for i in range(names)]
         hosts = [self.add_host(n, ip=(ips[i] if ips else None)) for i, n in enumerate(names)]
         try:
-            self._start_hosts(hosts, wait=wait)
+            self._start_hosts(hosts, wait=wait, prepare=prepare)
         except BaseException:
             for h in hosts:
                 with contextlib.suppress(Exception):
@@ -843,11 +863,18 @@ class Lab:
             raise
         return hosts
 
-    def _start_hosts(self, hosts: Sequence[Host], wait: bool = True) -> None:
+    def _start_hosts(self, hosts: Sequence[Host], wait: bool = True,
+                     prepare: Callable[[Host], None] | None = None) -> None:
         t0 = time.monotonic()
         etc_hosts, resolv = self.etc_hosts(), self.resolv_conf()
+
+        def prep(h: Host) -> None:
+            h._prepare_disk(self, etc_hosts, resolv)
+            if prepare is not None:
+                prepare(h)
+
         with ThreadPoolExecutor(max_workers=min(8, len(hosts)) or 1) as ex:
-            list(ex.map(lambda h: h._prepare_disk(self, etc_hosts, resolv), hosts))
+            list(ex.map(prep, hosts))
         for h in hosts:
             self._launch(h)
         if wait:
@@ -913,7 +940,7 @@ class Lab:
                               check=False, timeout=30).stdout.split()
             host.failed_units = failed
             warnings.warn(f"hostlab: {host.name} booted degraded; failed units: "
-                          f"{', '.join(failed) or '?'}")
+                          f"{', '.join(failed) or '?'}", stacklevel=2)
         elif state != "running":
             host.state = "failed"
             raise LabError(f"host {host.name}: system state {state!r} "
@@ -1069,10 +1096,13 @@ def _cleanup_lab_dir(lab_dir: Path) -> None:
     hosts_dir = lab_dir / "hosts"
     for hdir in sorted(hosts_dir.iterdir()) if hosts_dir.exists() else []:
         dirs = _cgroup_dirs(f"corral-hostlab-{bridge}/{hdir.name}")
-        pidfile = hdir / "nspawn.pid"
         if _cgroup_pids(dirs):
-            with contextlib.suppress(ValueError, OSError, ProcessLookupError):
-                os.kill(int(pidfile.read_text()), signal.SIGTERM)
+            # systemd-nspawn moves itself into a "supervisor" sub-cgroup of
+            # the name=systemd hierarchy (the container goes to "payload").
+            # SIGTERM the launcher for a clean poweroff, then kill the rest.
+            for pid in _launcher_pids(bridge, hdir.name):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + 10
             while _cgroup_pids(dirs) and time.monotonic() < deadline:
                 time.sleep(0.2)
@@ -1100,6 +1130,23 @@ def _cleanup_lab_dir(lab_dir: Path) -> None:
     shutil.rmtree(lab_dir, ignore_errors=True)
     with contextlib.suppress(OSError):
         lab_dir.parent.rmdir()  # the run dir, if no other lab uses it
+
+
+def _prune_old_bases(cache: Path, keep: str) -> None:
+    """Delete base images of other recipes (300 MB each) unless a mount uses them."""
+    with open("/proc/self/mountinfo") as fh:
+        mounts = fh.read()
+    for p in cache.glob("base-*"):
+        if p.name.startswith(f"base-{keep}"):
+            continue
+        stem = p.name.split(".")[0]
+        if str(cache / stem) in mounts:
+            continue
+        log.info("hostlab: removing old base %s", p)
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
 
 
 def _control_dir(lab_dir: Path) -> Path:
@@ -1151,16 +1198,19 @@ def _flock(path: Path):
 
 
 def _install_sigterm_handler() -> None:
-    """Turn SIGTERM into SystemExit so finalizers and atexit tear the lab down.
+    """Turn SIGTERM into KeyboardInterrupt so finalizers and atexit tear the lab down.
 
-    Only when nobody else handles SIGTERM and we are in the main thread; a CI
-    timeout then still leaves no mounts, bridges or rules behind.
+    KeyboardInterrupt rather than SystemExit because pytest treats SystemExit
+    in a test as that test's failure and carries on, but stops the session on
+    KeyboardInterrupt and runs every fixture finalizer.  Only installed when
+    nobody else handles SIGTERM and we are in the main thread; a CI timeout
+    then still leaves no mounts, bridges or rules behind.
     """
     if threading.current_thread() is not threading.main_thread():
         return
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         def _on_term(signum, frame):
-            raise SystemExit(128 + signum)
+            raise KeyboardInterrupt(f"signal {signum}")
         signal.signal(signal.SIGTERM, _on_term)
 
 

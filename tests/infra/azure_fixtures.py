@@ -10,9 +10,10 @@ tell them apart).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pulumi
 from pulumi.runtime import mocks as pulumi_mocks

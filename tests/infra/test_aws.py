@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import gc
 import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,13 +19,13 @@ from typing import Any, Callable
 
 import pulumi
 import pytest
-from pulumi.runtime import mocks as pulumi_mocks
-from pulumi.runtime import rpc
+from pulumi.runtime import settings
 from ruamel.yaml import YAML
 
 from corral.infra.aws import ApiServers, Etcd, HybridLink, Network, NodePools
 from corral.infra.aws.hybrid import check_psk
 from corral.infra.aws.nodepools import autoscaler_tags
+from corral.infra.plan import STACK_TYPE, RecordingMonitor, SecretValue
 from corral.infra.platform import ClusterContext
 from corral.model import Cluster
 from corral.model.layout import node_group_name
@@ -54,9 +55,10 @@ class Registered:
 
 
 def _unwrap(value: Any, path: str, secrets: set[str]) -> Any:
-    if rpc.is_rpc_secret(value):
+    """Plain values, noting where the engine would get a secret (dotted input paths)."""
+    if isinstance(value, SecretValue):
         secrets.add(path)
-        return _unwrap(rpc.unwrap_rpc_secret(value), path, secrets)
+        return _unwrap(value.value, path, secrets)
     if isinstance(value, dict):
         return {k: _unwrap(v, f"{path}.{k}" if path else k, secrets) for k, v in value.items()}
     if isinstance(value, list):
@@ -90,32 +92,36 @@ class Mocks(pulumi.runtime.Mocks):
         raise AssertionError(f"the AWS components must not invoke {args.token} (offline plans)")
 
 
-class Recorder(pulumi_mocks.MockMonitor):
+class Recorder(RecordingMonitor):
+    """The plan's recorder (parent, protect, retainOnDelete, secrets in place),
+    also keeping what the AWS components set beyond it: ignoreChanges,
+    deleteBeforeReplace, and the mock id other resources refer to."""
+
     def __init__(self, mocks: Mocks):
         super().__init__(mocks)
-        self.registered: list[Registered] = []
+        self.extras: dict[str, tuple[list[str], bool, str]] = {}
 
-    def RegisterResource(self, request):
+    def RegisterResource(self, request):  # noqa: N802
         response = super().RegisterResource(request)
-        if request.type == "pulumi:pulumi:Stack":
-            return response
-        secrets: set[str] = set()
-        inputs = _unwrap(rpc.deserialize_properties(request.object), "", secrets)
-        self.registered.append(Registered(
-            type=request.type,
-            name=request.name,
-            parent=request.parent,
-            custom=request.custom,
-            protect=bool(request.protect),
-            retain_on_delete=bool(request.retainOnDelete),
-            delete_before_replace=bool(request.deleteBeforeReplace),
-            ignore_changes=list(request.ignoreChanges),
-            inputs=inputs,
-            secrets=secrets,
-            id=response.id,
-            urn=response.urn,
-        ))
+        if request.type != STACK_TYPE:
+            with self._lock:
+                self.extras[response.urn] = (list(request.ignoreChanges), bool(request.deleteBeforeReplace), response.id)
         return response
+
+    @property
+    def registered(self) -> list[Registered]:
+        out = []
+        for r in self.registrations:
+            ignore_changes, delete_before_replace, rid = self.extras[r.urn]
+            secrets: set[str] = set()
+            inputs = _unwrap(r.inputs, "", secrets)
+            out.append(Registered(
+                type=r.type, name=r.name, parent=r.parent_urn, custom=r.custom,
+                protect=r.protect, retain_on_delete=r.retain_on_delete,
+                delete_before_replace=delete_before_replace, ignore_changes=ignore_changes,
+                inputs=inputs, secrets=secrets, id=rid, urn=r.urn,
+            ))
+        return out
 
 
 @dataclass
@@ -143,6 +149,7 @@ class Plan:
 def build(cluster: Cluster, config: dict[str, str] | None = None, shared_keys: dict[str, str] | None = None) -> Plan:
     """Every AWS component of `cluster`, registered against the recorder."""
     recorder = Recorder(Mocks())
+    settings.ROOT.set(None)  # a fresh stack per build, as the plan runner does
     pulumi.runtime.set_mocks(recorder.mocks, project="corral", stack=cluster.name, preview=False, monitor=recorder)
     pulumi.runtime.set_all_config(
         {"aws:region": cluster.control_plane.region, **(config or {})}, []
@@ -152,7 +159,7 @@ def build(cluster: Cluster, config: dict[str, str] | None = None, shared_keys: d
     user_data = {m.name: f"#cloud-config\n# {m.name}\n" for m in (*lay.etcd_members, *lay.events_members, *lay.api_servers)}
     user_data.update({p.name: f"#cloud-config\n# pool {p.name}\n" for p in cluster.cloud_pools})
     secret = pulumi.Output.secret
-    plan = Plan(cluster, ctx, recorder.registered, user_data)
+    plan = Plan(cluster, ctx, [], user_data)
 
     @pulumi.runtime.test
     def program():
@@ -171,7 +178,17 @@ def build(cluster: Cluster, config: dict[str, str] | None = None, shared_keys: d
         sites = pulumi.Output.all(**link.sites) if link.sites else pulumi.Output.from_input({})
         return sites.apply(lambda s: plan.resolved.__setitem__("sites", s))
 
-    program()
+    try:
+        program()
+    finally:
+        # Finalize this run's leftovers (event loops, abandoned coroutines) now,
+        # not inside some later compile(): on CPython 3.11 a finalizer that
+        # imports a module during the AST conversion of another import has
+        # been seen to end the session with "AST constructor recursion depth
+        # mismatch" (once, in pytest's terminal summary).
+        gc.collect()
+        settings.ROOT.set(None)
+    plan.resources = recorder.registered
     assert plan.resources, "nothing was registered"
     return plan
 
@@ -638,3 +655,75 @@ def test_locate_device_snippet_reads_the_volume_tag(tmp_path):
         server.shutdown()
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_vol0123456789abcdef0"
+
+
+# --- User data and images ----------------------------------------------------------
+
+
+def test_user_data_over_16k_is_gzipped():
+    """The API servers' cloud-init (certificates and keys) is ~22 KiB: over
+    EC2's 16 KiB, so it goes gzipped (cloud-init reads gzip), deterministically."""
+    import gzip
+    import os
+
+    from corral.infra.aws.common import USER_DATA_LIMIT, encode_user_data
+
+    small = "#cloud-config\n" + "a: b\n" * 100
+    assert base64.b64decode(encode_user_data(small)).decode() == small
+    big = "#cloud-config\n" + "".join(f"# {base64.b64encode(os.urandom(48)).decode()}\n" for _ in range(280))
+    assert len(big) > USER_DATA_LIMIT
+    encoded = encode_user_data(big)
+    assert encoded == encode_user_data(big)
+    raw = base64.b64decode(encoded)
+    assert len(raw) <= USER_DATA_LIMIT and gzip.decompress(raw).decode() == big
+    with pytest.raises(ValueError, match="even gzipped"):
+        encode_user_data(base64.b64encode(os.urandom(20_000)).decode())
+
+
+def test_root_device_follows_the_image(heron: Plan):
+    for template in heron.of("aws:ec2/launchTemplate:LaunchTemplate"):
+        assert template.inputs["blockDeviceMappings"][0]["deviceName"] == "/dev/xvda"
+    plan = build(heron_with(), config={"corral:rootDeviceName": "/dev/sda1"})
+    for template in plan.of("aws:ec2/launchTemplate:LaunchTemplate"):
+        assert template.inputs["blockDeviceMappings"][0]["deviceName"] == "/dev/sda1"
+
+
+# --- In the real program (corral plan) ---------------------------------------------
+
+
+@pytest.mark.parametrize("variant", [None, with_sites], ids=["heron", "heron-with-sites"])
+def test_in_the_plan_of_the_real_program(variant):
+    """`corral plan`'s runner with the core's program (PKI, cloud-init) and this package."""
+    import json
+
+    import corral.infra.aws as aws_package
+    from corral.infra.plan import SECRET, plan_cluster
+
+    cluster = heron_with(variant)
+    plan = plan_cluster(cluster, platform=aws_package, stack_config={"aws:region": "us-west-2"})
+    resources = plan.resources
+    by_type: dict[str, list[dict]] = {}
+    for r in resources:
+        by_type.setdefault(r["type"], []).append(r)
+
+    volumes = by_type["aws:ebs/volume:Volume"]
+    assert len(volumes) == 3
+    for v in volumes:
+        assert v["protect"] and v["retainOnDelete"]
+        assert v["inputs"]["type"] == "io2" and "throughput" not in v["inputs"]
+    for instance in by_type["aws:ec2/instance:Instance"]:
+        assert instance["inputs"]["userDataBase64"] == SECRET
+        assert instance["parent"] in ("heron-etcd", "heron-apiservers")
+    for template in by_type["aws:ec2/launchTemplate:LaunchTemplate"]:
+        assert template["inputs"]["userData"] == SECRET
+    for rule in by_type["aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"]:
+        assert rule["inputs"].get("cidrIpv4") != "0.0.0.0/0"
+    assert len(by_type["aws:autoscaling/group:Group"]) == 3
+    assert "PRIVATE KEY" not in json.dumps(resources)
+
+    sites = [s for s in cluster.sites if s.vpn]
+    assert len(by_type.get("aws:ec2/customerGateway:CustomerGateway", [])) == len(sites)
+    assert len(by_type.get("aws:ec2/vpnConnection:VpnConnection", [])) == len(sites)
+    for connection in by_type.get("aws:ec2/vpnConnection:VpnConnection", []):
+        assert connection["inputs"]["tunnel1PresharedKey"] == SECRET
+        assert connection["parent"] == "heron-hybridlink"

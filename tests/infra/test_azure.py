@@ -21,7 +21,8 @@ import pytest
 
 from corral.infra import azure as az
 from corral.infra import platform
-from corral.infra.azure import common, hybridlink, network as az_network, nodepools
+from corral.infra.azure import common, hybridlink, nodepools
+from corral.infra.azure import network as az_network
 from corral.model.layout import node_group_name
 
 from .azure_fixtures import Registration, Secret, context, load, record
@@ -278,6 +279,7 @@ def test_etcd_ports_only_from_members_and_api_servers(variant: str, request):
             assert not {s.lower() for s in sources} & WORLD, f"{nsg}/{rule['name']} opens etcd to {sources}"
             assert set(sources) <= allowed, f"{nsg}/{rule['name']}: {sources}"
             assert ports == set(ETCD_PORTS)
+            assert set(destinations) == {f"{ip}/32" for ip in members}
             opened += 1
     assert opened == 1
 
@@ -301,11 +303,21 @@ def test_kubelet_and_flannel_between_nodes_and_sites(jaguar: Plan):
     node_subnets = {z.node_subnet for z in lay.zones}
     site_cidrs = {c for s in cluster.sites for c in s.cidrs}
     kubelet, flannel = rules["allow-kubelet"], rules["allow-flannel"]
-    assert (kubelet["protocol"], _ports(kubelet)) == ("Tcp", {10250})
+    assert (kubelet["protocol"], _ports(kubelet)) == ("Tcp", {10250, 9100})
     assert (flannel["protocol"], _ports(flannel)) == ("Udp", {cluster.network.flannel.port})
+    api_hosts = {f"{m.ip}/32" for m in lay.api_servers}
     for rule in (kubelet, flannel):
-        assert node_subnets | site_cidrs <= set(_prefixes(rule, "source"))
+        assert node_subnets | site_cidrs | api_hosts == set(_prefixes(rule, "source"))
         assert set(_prefixes(rule, "destination")) == node_subnets
+    # The API servers are kubeadm nodes running flannel: the same ports reach them.
+    control = {r["name"]: r for r in _rules(jaguar)["jaguar-control-nsg"]}
+    for name in ("allow-kubelet", "allow-flannel"):
+        assert set(_prefixes(control[name], "destination")) == api_hosts
+        assert _ports(control[name]) == _ports(rules[name])
+    pods = cluster.kubernetes.pod_cidr
+    for nsg in (rules, control):  # direct routing: pod to pod, nothing else
+        assert _prefixes(nsg["allow-pod-network"], "source") == [pods]
+        assert _prefixes(nsg["allow-pod-network"], "destination") == [pods]
 
 
 def test_deny_by_default(jaguar: Plan):
@@ -679,3 +691,40 @@ def test_module_constants():
     assert az_network.GATEWAY_SUBNET == "GatewaySubnet"
     assert common.ETCD_DISK_DEVICE == "/dev/disk/azure/scsi1/lun0"
     assert re.fullmatch(r"\d+-\d+", az_network.ETCD_PORTS)
+
+
+# --- Through the core's program and plan runner --------------------------------
+
+
+@pytest.fixture(scope="module")
+def jaguar_plan():
+    """`corral plan jaguar`: the real program (PKI, bootstrap, this package) under the core's mocks."""
+    plan_module = pytest.importorskip("corral.infra.plan")
+    from corral.model import load_cluster
+
+    from .azure_fixtures import ROOT
+
+    return plan_module.plan_stack(load_cluster(ROOT / "clusters" / "jaguar.yaml"))
+
+
+def test_program_plan_of_jaguar(jaguar_plan):
+    resources = jaguar_plan.resources
+    assert not [d for d in jaguar_plan.diagnostics if d.startswith("error")]
+    by_type: dict[str, list[dict]] = {}
+    for res in resources:
+        by_type.setdefault(res["type"], []).append(res)
+    for component in platform.COMPONENTS:
+        assert len(by_type[f"corral:azure:{component}"]) == 1
+    cluster = load("jaguar")
+    lay = context(cluster).layout
+    assert len(by_type["azure-native:compute:Disk"]) == len(lay.etcd_members)
+    assert all(d["protect"] and d["retainOnDelete"] for d in by_type["azure-native:compute:Disk"])
+    assert len(by_type["azure-native:compute:VirtualMachine"]) == len(lay.etcd_members) + len(lay.api_servers)
+    assert [v["name"] for v in by_type["azure-native:compute:VirtualMachineScaleSet"]] == ["jaguar-cpu-d64"]
+    assert len(by_type["azure-native:network:VirtualNetworkGatewayConnection"]) == 1
+    # The cloud-init holds private keys: never in the plan.
+    for vm in by_type["azure-native:compute:VirtualMachine"]:
+        profile = vm["inputs"]["osProfile"]
+        assert profile == "[secret]" or profile["customData"] == "[secret]"
+    text = jaguar_plan.to_json()
+    assert "PRIVATE KEY" not in text

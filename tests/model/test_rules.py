@@ -306,3 +306,8 @@ def test_every_problem_in_one_run(tmp_path):
     found = problems(tmp_path, {"jaguar.yaml": text, "heron.yaml": example("heron").replace("iops: 16000", "iops: 50")})
     # Schema errors stop a file before its rules run; the other file's rules still run.
     assert any("dscp" in f for f in found) and any("heron.yaml" in f and "iops" in f for f in found)
+
+
+def test_gcp_disk_needs_a_machine_series_that_can_attach_it(tmp_path):
+    found = only(variant(tmp_path, "ibis", "machineType: c3-highmem-8", "machineType: n2-highmem-8"))
+    assert "controlPlane.etcd.machineType: n2-highmem-8 (N2 series) cannot attach hyperdisk-balanced" in found

@@ -14,9 +14,10 @@ Stack settings (`stacks/Pulumi.<cluster>.yaml`; none is required for
     corral:gpuNodeImage    AMI id of GPU pools (NVIDIA driver baked in);
                            default: `corral:nodeImage`.
     corral:rootDeviceName  the AMI's root device, which launch templates must
-                           name to size the root disk: `/dev/sda1` (Ubuntu,
-                           image-builder AMIs; the default) or `/dev/xvda`
-                           (Amazon Linux, Debian).
+                           name to size the root disk (another name adds a
+                           second, empty volume instead): `/dev/xvda` (the
+                           default: Debian 12, which node-images/ builds on,
+                           and Amazon Linux) or `/dev/sda1` (Ubuntu).
     corral:amazonSideAsn   BGP ASN of the VPN gateway (default 64512).
 """
 
@@ -32,7 +33,7 @@ from corral.infra.platform import ClusterContext
 
 # Not an AMI anyone owns: `ami-` and 17 zeros, the shape of a real id.
 UNSET_IMAGE = "ami-00000000000000000"
-DEFAULT_ROOT_DEVICE = "/dev/sda1"
+DEFAULT_ROOT_DEVICE = "/dev/xvda"  # node-images/gpu-node.pkr.hcl: Debian 12
 DEFAULT_AMAZON_SIDE_ASN = 64512
 # EC2 takes at most 16 KiB of user data (before base64).
 USER_DATA_LIMIT = 16 * 1024

@@ -15,6 +15,8 @@ from .common import ADMIN_USERNAME, location, subscription_of, tags
 
 ETCD_PORTS = "2379-2380"  # client, peer
 KUBELET_PORT = 10250
+NODE_EXPORTER_PORT = 9100  # hostNetwork DaemonSet (corral/templates/manifests/monitoring)
+NODE_TCP_PORTS = [str(KUBELET_PORT), str(NODE_EXPORTER_PORT)]
 GATEWAY_SUBNET = "GatewaySubnet"  # Azure finds the VPN gateway's subnet by this exact name
 # Custom rules take priorities 100-4096; Azure's own defaults (65000+) allow
 # all traffic inside the VNet, which these two rules override.
@@ -27,11 +29,16 @@ def _host(ip: str) -> str:
 
 
 def _rule(name: str, priority: int, protocol: str, sources: list[str], destinations: list[str],
-          ports: str, access: str = "Allow", description: str = "") -> azure.network.SecurityRuleArgs:
-    """An inbound rule; one address (or service tag) goes in the singular field, as Azure wants."""
+          ports: str | list[str], access: str = "Allow", description: str = "") -> azure.network.SecurityRuleArgs:
+    """An inbound rule; one address (or service tag, or port) goes in the singular
+    field, several in the plural one, as Azure wants."""
     def prefixes(values: list[str], field: str) -> dict:
         values = list(dict.fromkeys(values))
         return {f"{field}_address_prefix": values[0]} if len(values) == 1 else {f"{field}_address_prefixes": values}
+
+    port_list = [ports] if isinstance(ports, str) else list(ports)
+    port_args = ({"destination_port_range": port_list[0]} if len(port_list) == 1
+                 else {"destination_port_ranges": port_list})
 
     return azure.network.SecurityRuleArgs(
         name=name,
@@ -40,8 +47,8 @@ def _rule(name: str, priority: int, protocol: str, sources: list[str], destinati
         access=access,
         protocol=protocol,
         source_port_range="*",
-        destination_port_range=ports,
         description=description or None,
+        **port_args,
         **prefixes(sources, "source"),
         **prefixes(destinations, "destination"),
     )
@@ -73,12 +80,13 @@ class Network(pulumi.ComponentResource):
     - control (on control subnets): 6443/tcp from the VNet (node subnets
       included) and every site's CIDRs to the API servers and VIP, plus the
       load balancer's health probes; 2379-2380/tcp only from etcd members and
-      API servers (their layout addresses) to etcd members; ICMP from the
-      VNet and sites (path MTU discovery across the VPN).
-    - nodes (on node subnets): 10250/tcp from the node subnets, the sites
-      and the API servers (logs, exec); flannel's UDP port from the node
-      subnets and sites; with flannel direct routing everything from the pod
-      network; ICMP from the VNet and sites.
+      API servers (their layout addresses) to etcd members; the node rules
+      below to the API servers (kubeadm makes them nodes running flannel).
+    - nodes (on node subnets): 10250/tcp (kubelet) and 9100/tcp
+      (node-exporter) from the node subnets, the sites and the API servers;
+      flannel's UDP port from the same; with flannel direct routing
+      everything from the pod network.
+    - both: ICMP from the VNet and sites (path MTU discovery across the VPN).
 
     Attributes the other components use:
       resource_group_name, resource_group_id, subscription_id (bare GUID),
@@ -140,6 +148,30 @@ class Network(pulumi.ComponentResource):
         # --- Network security groups -------------------------------------
         api_hosts = [_host(m.ip) for m in lay.api_servers]
         etcd_hosts = [_host(m.ip) for m in (*lay.etcd_members, *lay.events_members)]
+        flannel_port = str(cluster.network.flannel.port)
+        pod_cidr = cluster.kubernetes.pod_cidr
+        direct_routing = cluster.network.flannel.direct_routing
+        # Kubernetes nodes: the node subnets, the sites' hosts, and the API
+        # servers (kubeadm registers them as control-plane nodes running
+        # flannel, so webhooks in pods answer them over VXLAN).
+        node_sources = [*node_subnets, *site_cidrs, *api_hosts]
+
+        def node_rules(first: int, destinations: list[str]) -> list[azure.network.SecurityRuleArgs]:
+            rules = [
+                _rule("allow-kubelet", first, "Tcp", node_sources, destinations, NODE_TCP_PORTS,
+                      description="kubelet API and node-exporter from nodes, sites and API servers"),
+                _rule("allow-flannel", first + 10, "Udp", node_sources, destinations, flannel_port,
+                      description="flannel VXLAN between nodes"),
+            ]
+            if direct_routing:
+                # Direct routing sends pod-to-pod packets unencapsulated between
+                # hosts of one subnet: they arrive from and to pod addresses.
+                rules.append(_rule("allow-pod-network", first + 20, "*", [pod_cidr], [pod_cidr], "*",
+                                   description="flannel direct routing: pod-to-pod packets"))
+            return rules
+
+        icmp = _rule("allow-icmp", 300, "Icmp", [cp.network_cidr, *site_cidrs], ["*"], "*",
+                     description="path MTU discovery between the VNet and the sites")
         control_rules = [
             _rule("allow-apiserver", 100, "Tcp", [cp.network_cidr, *site_cidrs],
                   [_host(lay.api_vip), *api_hosts], str(API_PORT),
@@ -148,26 +180,11 @@ class Network(pulumi.ComponentResource):
                   description="the API load balancer's /readyz health probe"),
             _rule("allow-etcd", 120, "Tcp", [*etcd_hosts, *api_hosts], etcd_hosts, ETCD_PORTS,
                   description="etcd client and peer traffic: only etcd members and API servers"),
-            _rule("allow-icmp", 130, "Icmp", [cp.network_cidr, *site_cidrs], ["*"], "*",
-                  description="path MTU discovery between the VNet and the sites"),
+            *node_rules(200, api_hosts),
+            icmp,
             *_deny_rest(),
         ]
-        flannel_port = str(cluster.network.flannel.port)
-        node_rules = [
-            _rule("allow-kubelet", 100, "Tcp", [*node_subnets, *site_cidrs, *api_hosts], node_subnets,
-                  str(KUBELET_PORT), description="kubelet API from nodes, sites and API servers"),
-            _rule("allow-flannel", 110, "Udp", [*node_subnets, *site_cidrs], node_subnets, flannel_port,
-                  description="flannel VXLAN between nodes"),
-            _rule("allow-icmp", 130, "Icmp", [cp.network_cidr, *site_cidrs], ["*"], "*",
-                  description="path MTU discovery between the VNet and the sites"),
-            *_deny_rest(),
-        ]
-        if cluster.network.flannel.direct_routing:
-            # Direct routing sends pod-to-pod packets unencapsulated between
-            # hosts of one subnet: they arrive with pod addresses.
-            node_rules.insert(2, _rule("allow-pod-network", 120, "*", [cluster.kubernetes.pod_cidr],
-                                       node_subnets, "*",
-                                       description="flannel direct routing: pod-to-pod packets"))
+        node_rules_ = [*node_rules(200, node_subnets), icmp, *_deny_rest()]
         control_nsg = azure.network.NetworkSecurityGroup(
             rn("control-nsg"),
             network_security_group_name=rn("control-nsg"),
@@ -182,7 +199,7 @@ class Network(pulumi.ComponentResource):
             network_security_group_name=rn("nodes-nsg"),
             resource_group_name=rg.name,
             location=where,
-            security_rules=node_rules,
+            security_rules=node_rules_,
             tags=tags(ctx),
             opts=child,
         )

@@ -67,6 +67,10 @@ def autoscaler_tags(ctx: ClusterContext, pool: CloudPool) -> dict[str, str]:
 class NodePools(pulumi.ComponentResource):
     """Per cloud pool a Uniform VM scale set named `node_group_name(cluster, pool)`.
 
+    Uniform, not Flexible: cluster-autoscaler's Azure provider (vmType
+    `vmss`) drives Uniform scale sets, including scale from zero; Flexible
+    ones go through its separate, younger VMSS-Flex path.
+
     The scale set spans the pool's zones; an Azure subnet is regional and a
     scale set's NIC takes one subnet, so the whole pool sits on the node
     subnet of its first zone (NAT egress of that zone). It starts at minSize
@@ -74,9 +78,11 @@ class NodePools(pulumi.ComponentResource):
     autoscaler). Spot pools use `priority: Spot`, eviction Delete, paying at
     most the on-demand price.
 
-    cluster-autoscaler sizes each scale set: discovery tags
-    (`autoscaler_discovery(cluster)` is its flag), `min`/`max` bounds and
-    node-template label/taint tags for scaling from zero.
+    cluster-autoscaler sizes each scale set. It finds it by name
+    (`--nodes=min:max:<name>`, what corral.manifests configures) or by the
+    discovery tags (`autoscaler_discovery(cluster)` is that flag, bounds
+    from the `min`/`max` tags); node-template label/taint tags describe a
+    new node when the set is at zero.
 
     Each scale set also gets an Azure autoscale setting with one profile,
     minimum/maximum/default = minSize/maxSize/minSize and NO rules: Azure

@@ -10,4 +10,4 @@ from .hybrid import HybridLink
 from .network import Network
 from .nodepools import NodePools
 
-__all__ = ["ApiServers", "ETCD_DEVICE_NAME", "ETCD_DEVICE_PATH", "Etcd", "HybridLink", "Network", "NodePools"]
+__all__ = ["ETCD_DEVICE_NAME", "ETCD_DEVICE_PATH", "ApiServers", "Etcd", "HybridLink", "Network", "NodePools"]

@@ -33,8 +33,10 @@ import re
 from collections.abc import Mapping
 
 import pulumi
+from pulumi.runtime.settings import get_monitor
 
 from corral.infra.platform import ClusterContext
+from corral.model.disks import DISK_TYPES, machine_series
 
 # Not an image anyone publishes: the shape of a real family path.
 UNSET_IMAGE = "projects/corral-unset/global/images/family/corral-node"
@@ -63,12 +65,16 @@ def config() -> pulumi.Config:
     return pulumi.Config("corral")
 
 
-_warned: set[str] = set()
+_warned: set[tuple[int, str]] = set()
 
 
 def warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
+    """Warn once per program run (a plan or `pulumi up`), not once per process:
+    `corral plan` may run several stacks in one process, and each plan must
+    carry its own warnings to stay the same whatever ran before it."""
+    key = (id(get_monitor()), message)
+    if key not in _warned:
+        _warned.add(key)
         pulumi.log.warn(message)
 
 
@@ -153,20 +159,9 @@ def pick(items: object, key: object, what: str):
 # tables only drive warnings and defaults here: a stale table must not block
 # a deploy the cloud would accept.
 
-# Hyperdisk Balanced: the newer Titanium series. Not N1, N2, N2D, E2, T2D, A2
-# or G2.
-HYPERDISK_BALANCED_SERIES = frozenset(
-    {"a3", "a4", "a4x", "c3", "c3d", "c4", "c4a", "c4d", "g4", "h3", "h4d", "m1", "m3", "m4", "n4", "n4a", "n4d", "x4", "z3"}
-)
-# Hyperdisk Extreme: large shapes only (e.g. N2 with 80+ vCPUs, C3 with 88+).
-HYPERDISK_EXTREME_SERIES = frozenset({"a3", "c3", "c3d", "c4", "c4a", "c4d", "m1", "m2", "m3", "m4", "n2", "x4", "z3"})
-# pd-extreme: N2 with 64+ vCPUs, M1, M2, M3 (PD series only).
-PD_EXTREME_SERIES = frozenset({"m1", "m2", "m3", "n2"})
-DISK_SERIES = {
-    "hyperdisk-balanced": HYPERDISK_BALANCED_SERIES,
-    "hyperdisk-extreme": HYPERDISK_EXTREME_SERIES,
-    "pd-extreme": PD_EXTREME_SERIES,
-}
+# Which series can attach which etcd disk type is the model's knowledge
+# (corral/model/disks.py), checked by `corral validate`.
+DISK_SERIES = {name: kind.attach_series for name, kind in DISK_TYPES.items() if kind.attach_series is not None}
 # Series that take no Persistent Disk at all: their boot disk must be a
 # Hyperdisk too.
 HYPERDISK_ONLY_SERIES = frozenset({"a4", "a4x", "c4", "c4a", "c4d", "h4d", "m4", "n4", "n4a", "n4d", "x4"})
@@ -183,9 +178,7 @@ ATTACHABLE_GPUS = {
 }
 
 
-def series(machine_type: str) -> str:
-    """`n2` of `n2-highmem-8`."""
-    return machine_type.split("-", 1)[0].lower()
+series = machine_series
 
 
 def boot_disk_type(machine_type: str) -> str:

@@ -8,7 +8,14 @@ import pulumi_gcp as gcp
 from corral.infra.platform import ClusterContext
 from corral.model.layout import API_PORT
 
-from .common import TAG_APISERVER, TAG_ETCD, TAG_NODE, check_region, gce_name, zone_suffix
+from .common import (
+    TAG_APISERVER,
+    TAG_ETCD,
+    TAG_NODE,
+    check_region,
+    gce_name,
+    zone_suffix,
+)
 
 ETCD_PORTS = "2379-2380"  # client, peer
 KUBELET_PORT = 10250

@@ -4,7 +4,7 @@ import shlex
 import sys
 
 #: Build-time constants (versions, default GPUs); replaced by aptrepo.py.
-BUILD = @@BUILD@@
+BUILD = {}  # @@BUILD@@ (replaced by aptrepo.render_fake)
 
 #: Prefix for every absolute path the fake touches.  Empty on a test host;
 #: unit tests on the lab machine point it at a temporary directory.

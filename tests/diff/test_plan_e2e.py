@@ -1,0 +1,130 @@
+"""End to end: the offline plans (corral.infra.plan) of the example clusters, changed and classified.
+
+Per cloud (jaguar: Azure, heron: AWS, ibis: GCP): raising the etcd disk's
+IOPS is an in-place update; changing the etcd disk type replaces the disks
+where the cloud cannot convert them (Azure Premium SSD v2 -> Ultra, GCP
+Hyperdisk types) and is an online Elastic Volumes change on AWS; changing
+the etcd machine type restarts every member in one `pulumi up` (no cloud
+replaces a VM for its size), which loses etcd quorum: dangerous on each
+cloud. A pool resize touches only the pool's autoscaled group (on GCP,
+nothing: the cluster autoscaler alone sizes the MIGs).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from corral.diff import planner
+from corral.diff.resources import classify
+from corral.model import load_fleet
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "clusters"
+
+VARIANTS = {
+    "jaguar": {
+        "iops": ("iops: 20000,", "iops: 30000,"),
+        "machine": ("machineType: Standard_E16s_v5", "machineType: Standard_E32s_v5"),
+        "disk_type": ("type: PremiumV2_LRS", "type: UltraSSD_LRS"),
+        "pool": ("maxSize: 200", "maxSize: 300"),
+    },
+    "heron": {
+        "iops": ("iops: 16000", "iops: 20000"),
+        "machine": ("machineType: r7i.2xlarge", "machineType: r7i.4xlarge"),
+        "disk_type": ("type: io2, sizeGiB: 256, iops: 16000", "type: gp3, sizeGiB: 256, iops: 16000"),
+        "pool": ("maxSize: 80", "maxSize: 120"),
+    },
+    "ibis": {
+        "iops": ("iops: 12000,", "iops: 14000,"),
+        "machine": ("machineType: n2-highmem-8", "machineType: n2-highmem-16"),
+        "disk_type": ("type: hyperdisk-balanced, sizeGiB: 256, iops: 12000, throughputMBps: 400",
+                      "type: hyperdisk-extreme, sizeGiB: 256, iops: 12000"),
+        "pool": ("maxSize: 64", "maxSize: 96"),
+    },
+}
+DISK = {"jaguar": "azure-native:compute:Disk", "heron": "aws:ebs:Volume", "ibis": "gcp:compute:Disk"}
+VM = {"jaguar": "azure-native:compute:VirtualMachine", "heron": "aws:ec2:Instance", "ibis": "gcp:compute:Instance"}
+GROUP = {"jaguar": {"azure-native:monitor:AutoscaleSetting", "azure-native:compute:VirtualMachineScaleSet"},
+         "heron": {"aws:autoscaling:Group"},
+         "ibis": {"gcp:compute:InstanceGroupManager"}}
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory) -> dict[tuple[str, str], list]:
+    """Plans of every example cluster and every variant, two at a time."""
+    sides = []
+    for name, variants in VARIANTS.items():
+        for variant, (old, new) in {"base": ("", ""), **variants}.items():
+            folder = tmp_path_factory.mktemp(f"{name}-{variant}") / "clusters"
+            shutil.copytree(EXAMPLES, folder)
+            path = folder / f"{name}.yaml"
+            text = path.read_text()
+            assert old in text, (name, old)
+            path.write_text(text.replace(old, new, 1))
+            cluster = load_fleet([folder]).clusters[name]
+            sides.append(((name, variant), (cluster, folder)))
+    results = planner.plan_pairs([(f"{k}", None, side) for k, side in sides], jobs=2)
+    out = {}
+    for (key, _), (_, plan, error) in zip(sides, results):
+        assert error is None, error
+        out[key] = plan
+    return out
+
+
+def changes(plans, name, variant):
+    return classify(plans[(name, "base")], plans[(name, variant)])
+
+
+def etcd_changes(found, type_):
+    return [c for c in found if c.type == type_ and c.name.startswith(tuple(f"{n}-etcd" for n in VARIANTS))]
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_plan_names_are_real(plans, name):
+    names = [r["name"] for r in plans[(name, "base")]]
+    assert "[secret]" not in names and len(names) == len(set((r["type"], r["name"]) for r in plans[(name, "base")]))
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_etcd_iops_is_an_in_place_update(plans, name):
+    found = changes(plans, name, "iops")
+    disks = etcd_changes(found, DISK[name])
+    assert disks and all(c.action == "update" and c.danger is None for c in disks)
+    assert {c.type for c in found} == {DISK[name]}
+    assert not any(c.danger for c in found)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_etcd_machine_type_restarts_the_quorum_dangerously(plans, name):
+    found = changes(plans, name, "machine")
+    vms = etcd_changes(found, VM[name])
+    assert vms and all(c.action == "update" and c.restart and c.danger for c in vms)
+    assert "restart in one `pulumi up`" in vms[0].danger
+    assert found[0].danger  # dangers sort first
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_etcd_disk_type(plans, name):
+    found = changes(plans, name, "disk_type")
+    disks = etcd_changes(found, DISK[name])
+    assert disks
+    if name == "heron":
+        # EBS Elastic Volumes change io2 -> gp3 online: an update, nothing dangerous.
+        assert all(c.action == "update" and c.danger is None for c in disks)
+    else:
+        assert all(c.action == "replace" and c.danger and c.protect for c in disks)
+        assert "etcd data disk replaced" in disks[0].danger
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_pool_resize_touches_only_the_group(plans, name):
+    found = changes(plans, name, "pool")
+    if name == "ibis":
+        # GCP pools are zonal MIGs sized by the cluster autoscaler alone (no
+        # GCE autoscaler): a pool's bounds are not cloud resources at all.
+        assert found == []
+        return
+    assert found and {c.type for c in found} <= GROUP[name]
+    assert all(c.action == "update" and c.danger is None for c in found)

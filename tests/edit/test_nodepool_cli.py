@@ -1,0 +1,171 @@
+"""`corral nodepool ...` and `corral cluster new` through the command line."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from corral.cli import app
+from corral.model import load_fleet
+
+runner = CliRunner()
+
+
+def run(*args: str, clusters: Path):
+    return runner.invoke(app, [*args, "--clusters", str(clusters)])
+
+
+def snapshot(path: Path) -> tuple[bytes, int]:
+    return path.read_bytes(), path.stat().st_mtime_ns
+
+
+ADD_ARGS = {
+    "heron": ["heron", "gpu-a10", "--provider", "aws", "--machine-type", "g5.12xlarge",
+              "--zones", "us-west-2a,us-west-2b", "--min", "0", "--max", "20", "--spot",
+              "--gpu-model", "A10G", "--gpu-count", "4", "--label", "corral.dev/tier=batch",
+              "--taint", "corral.dev/spot=true:NoSchedule", "--reserved-for", "inference"],
+    "ibis": ["ibis", "cpu-c3", "--provider", "gcp", "--machine-type", "c3-standard-88",
+             "--zones", "us-central1-a", "--zones", "us-central1-b", "--max", "40", "--disk-size-gib", "300"],
+    "jaguar": ["jaguar", "gpu-b200-sf1", "--provider", "onprem", "--site", "sf1",
+               "--hosts", "gpu-[101:116].sf1.internal", "--hosts", "gpu-200.sf1.internal",
+               "--gpu-model", "B200", "--gpu-count", "8", "--gpu-driver", "570.86.15", "--fabric-manager",
+               "--roce-interface", "ens1f0np0,ens1f1np1", "--roce-mtu", "9000", "--pfc-priority", "3",
+               "--dscp", "26", "--ecn", "--label", "corral.dev/rack=r20"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(ADD_ARGS))
+def test_add_prints_the_diff_and_writes(name, fleet_dir):
+    path = fleet_dir / f"{name}.yaml"
+    old = path.read_text()
+    result = run("nodepool", "add", *ADD_ARGS[name], clusters=fleet_dir)
+    assert result.exit_code == 0, result.output
+    assert f"+++ b/{path}" in result.output
+    new = path.read_text()
+    assert new != old
+    # Every original line is kept (insertions only, plus a reservation line for heron).
+    old_lines = old.splitlines()
+    kept = [l for l in new.splitlines() if l in old_lines]
+    assert len(kept) >= len(old_lines) - (1 if name == "heron" else 0)
+    pool = ADD_ARGS[name][1]
+    cluster = load_fleet([fleet_dir]).clusters[name]
+    assert cluster.pool(pool) is not None
+    if name == "heron":
+        assert [t.name for t in cluster.teams_reserving(pool)] == ["inference"]
+    # Removing it again (heron: the reservation is the only other change).
+    if name != "heron":
+        result = run("nodepool", "remove", name, pool, clusters=fleet_dir)
+        assert result.exit_code == 0, result.output
+        assert path.read_text() == old
+
+
+def test_refused_edit_leaves_the_file_untouched(fleet_dir):
+    path = fleet_dir / "heron.yaml"
+    before = snapshot(path)
+    result = run("nodepool", "add", "heron", "bad", "--provider", "aws", "--machine-type", "Standard_D4s_v5",
+                 "--min", "5", "--max", "2", clusters=fleet_dir)
+    assert result.exit_code == 1
+    assert "nodePools[3].machineType: 'Standard_D4s_v5' is not a aws machine type" in result.output
+    assert "nodePools[3].minSize: minSize 5 is larger than maxSize 2" in result.output
+    assert "heron.yaml (after the edit):" in result.output
+    assert snapshot(path) == before
+    assert [p.name for p in fleet_dir.iterdir() if p.name.startswith(".")] == []  # no temp file left
+
+
+def test_host_clash_with_another_pool_is_refused(fleet_dir):
+    path = fleet_dir / "jaguar.yaml"
+    before = snapshot(path)
+    result = run("nodepool", "add", "jaguar", "dup", "--provider", "onprem", "--site", "sf1",
+                 "--hosts", "gpu-[060:070].sf1.internal", clusters=fleet_dir)
+    assert result.exit_code == 1
+    assert "already in pool 'gpu-h100-sf1'" in result.output
+    assert snapshot(path) == before
+
+
+def test_wrong_options_for_the_provider(fleet_dir):
+    result = run("nodepool", "add", "jaguar", "x", "--provider", "onprem", "--machine-type", "foo", clusters=fleet_dir)
+    assert result.exit_code == 1
+    assert "--machine-type is for cloud pools" in result.output
+
+
+def test_dry_run_writes_nothing(fleet_dir):
+    path = fleet_dir / "heron.yaml"
+    before = snapshot(path)
+    result = run("nodepool", "scale", "heron", "gpu-a10g", "--max", "120", "--dry-run", clusters=fleet_dir)
+    assert result.exit_code == 0, result.output
+    assert "-    maxSize: 80" in result.output and "+    maxSize: 120" in result.output
+    assert snapshot(path) == before
+
+
+def test_scale(fleet_dir):
+    result = run("nodepool", "scale", "heron", "gpu-a10g", "--min", "1", "--max", "120", clusters=fleet_dir)
+    assert result.exit_code == 0, result.output
+    pool = load_fleet([fleet_dir]).clusters["heron"].pool("gpu-a10g")
+    assert (pool.min_size, pool.max_size) == (1, 120)
+    result = run("nodepool", "scale", "jaguar", "gpu-h100-sf1", "--hosts", "gpu-[001:048].sf1.internal",
+                 clusters=fleet_dir)
+    assert result.exit_code == 0, result.output
+    assert load_fleet([fleet_dir]).clusters["jaguar"].pool("gpu-h100-sf1").capacity == 48
+    result = run("nodepool", "scale", "jaguar", "gpu-h100-sf1", "--max", "3", clusters=fleet_dir)
+    assert result.exit_code == 1 and "use --hosts" in result.output
+    result = run("nodepool", "scale", "heron", "nope", "--max", "3", clusters=fleet_dir)
+    assert result.exit_code == 1 and "no pool named 'nope'" in result.output
+
+
+def test_remove_refuses_a_reserved_pool(fleet_dir):
+    path = fleet_dir / "jaguar.yaml"
+    before = snapshot(path)
+    result = run("nodepool", "remove", "jaguar", "gpu-h100-robotics", clusters=fleet_dir)
+    assert result.exit_code == 1
+    assert "reserved by team robotics" in result.output
+    assert snapshot(path) == before
+
+
+def test_list(fleet_dir):
+    result = runner.invoke(app, ["nodepool", "list", "jaguar", "--clusters", str(fleet_dir)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    for expected in ("gpu-h100-sf1", "gpu-[001:064].sf1.internal", "robotics", "0-200", "8x H100"):
+        assert expected in result.output
+
+
+def test_cluster_new(fleet_dir, tmp_path):
+    stacks = tmp_path / "stacks"
+    args = ["cluster", "new", "kite", "--cloud", "gcp", "--region", "europe-west4", "--stacks", str(stacks)]
+    result = run(*args, clusters=fleet_dir)
+    assert result.exit_code == 0, result.output
+    fleet = load_fleet([fleet_dir])  # still a valid fleet, with the new cluster
+    kite = fleet.clusters["kite"]
+    assert kite.control_plane.zones == ["europe-west4-a", "europe-west4-b", "europe-west4-c"]
+    stack = (stacks / "Pulumi.kite.yaml").read_text()
+    assert "gcp:region: europe-west4" in stack and "gcp:project:" in stack
+    # Refuses to overwrite.
+    result = run(*args, clusters=fleet_dir)
+    assert result.exit_code == 1 and "already exists" in result.output
+    # And takes pools right away.
+    result = run("nodepool", "add", "kite", "cpu", "--provider", "gcp", "--machine-type", "n2-standard-32",
+                 "--max", "10", clusters=fleet_dir)
+    assert result.exit_code == 0, result.output
+    assert load_fleet([fleet_dir]).clusters["kite"].pool("cpu").max_size == 10
+
+
+@pytest.mark.parametrize("cloud,region,key", [("azure", "westus3", "azure-native:location: westus3"),
+                                              ("aws", "eu-west-1", "aws:region: eu-west-1")])
+def test_cluster_new_stack_files(fleet_dir, tmp_path, cloud, region, key):
+    stacks = tmp_path / "stacks"
+    result = run("cluster", "new", "kite", "--cloud", cloud, "--region", region, "--stacks", str(stacks),
+                 clusters=fleet_dir)
+    assert result.exit_code == 0, result.output
+    assert key in (stacks / "Pulumi.kite.yaml").read_text()
+
+
+def test_cli_start_up_does_not_import_pulumi():
+    import subprocess
+    import sys
+
+    code = "import sys, corral.cli; corral.cli.app; print(any(m.startswith('pulumi') for m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ})
+    assert out.stdout.strip() == "False"
