@@ -16,6 +16,8 @@ def diff(
         "--base", help="Git revision to compare with (default: merge base of HEAD and main).")] = None,
     format: Annotated[str, typer.Option("--format", help="text, markdown (a PR comment) or json.")] = "text",
     plan: Annotated[bool, typer.Option("--plan/--no-plan", help="Run the offline Pulumi plan of both sides.")] = True,
+    cache: Annotated[bool, typer.Option("--cache/--no-cache",
+        help="Reuse plans cached by content (env CORRAL_PLAN_CACHE: folder or 'off').")] = True,
     fail_on_danger: Annotated[bool, typer.Option(
         "--fail-on-danger", help="Exit 2 when a change replaces/deletes stateful resources or restarts etcd quorum.")] = False,
     output: Annotated[Optional[str], typer.Option("--output", "-o", help="Write the report to this file too.")] = None,
@@ -31,7 +33,7 @@ def diff(
     if not clusters.is_dir():
         fail(f"no clusters folder {clusters}")
     try:
-        result = compute(clusters, base=base, plan=plan)
+        result = compute(clusters, base=base, plan=plan, cache=cache)
     except GitError as error:
         fail(str(error))
     text = {"text": render.text, "markdown": render.markdown, "json": render.as_json}[format](result)

@@ -79,7 +79,7 @@ def _models(folder: Path, names: set[str], display_prefix: str = "") -> tuple[di
     return models, problems
 
 
-def compute(clusters: Path, base: str | None = None, plan: bool = True, jobs: int = 2) -> Report:
+def compute(clusters: Path, base: str | None = None, plan: bool = True, jobs: int = 2, cache: bool = True) -> Report:
     """The diff of the cluster files in `clusters` against `base` (default: merge base with main)."""
     clusters = clusters.resolve()
     root = git.repo_root(clusters)
@@ -106,6 +106,13 @@ def compute(clusters: Path, base: str | None = None, plan: bool = True, jobs: in
         old_dir.mkdir(parents=True)
         for name, data in old_files.items():
             (old_dir / name).write_bytes(data)
+        # The base revision's stack settings, where the plan looks for them (beside clusters/).
+        stacks_rel = (Path(rel).parent / "stacks").as_posix()
+        old_stacks = git.files_at(root, rev, stacks_rel, ".yaml")
+        if old_stacks:
+            (old_dir.parent / "stacks").mkdir(exist_ok=True)
+            for name, data in old_stacks.items():
+                (old_dir.parent / "stacks" / name).write_bytes(data)
         names = set(changed)
         old_models, old_problems = _models(old_dir, names, f"{rel}@{report.base_short}: ")
         new_models, new_problems = _models(clusters, names)
@@ -120,11 +127,12 @@ def compute(clusters: Path, base: str | None = None, plan: bool = True, jobs: in
             diff.onprem_pools = semantic.changed_onprem_pools(old, new)
             report.clusters.append(diff)
         if plan:
-            _plan_all(report, old_dir, clusters, old_models, new_models, jobs)
+            _plan_all(report, old_dir, clusters, old_models, new_models, jobs, cache)
     return report
 
 
-def _plan_all(report: Report, old_dir: Path, new_dir: Path, old_models: dict, new_models: dict, jobs: int) -> None:
+def _plan_all(report: Report, old_dir: Path, new_dir: Path, old_models: dict, new_models: dict, jobs: int,
+              cache: bool) -> None:
     from . import planner
 
     work = []
@@ -138,7 +146,7 @@ def _plan_all(report: Report, old_dir: Path, new_dir: Path, old_models: dict, ne
                                "so its plan cannot be compared")
             continue
         work.append((diff, (old, old_dir) if old is not None else None, (new, new_dir) if new is not None else None))
-    results = planner.plan_pairs([(d.name, o, n) for d, o, n in work], jobs=jobs)
+    results = planner.plan_pairs([(d.name, o, n) for d, o, n in work], jobs=jobs, use_cache=cache)
     for (diff, _, _), (old_plan, new_plan, error) in zip(work, results):
         if error:
             diff.plan_error = error

@@ -4,12 +4,21 @@ Each plan runs the Pulumi program under mocks in its own worker process:
 Pulumi's mock runtime is process-global state, and two workers use both
 cores. The parent imports the plan module (and so Pulumi) before forking,
 so the workers do not pay for the imports again.
+
+Plans are cached on disk (env CORRAL_PLAN_CACHE: a folder, or `off`;
+default ~/.cache/corral/plans), keyed by everything a plan depends on: the
+resolved cluster model, its stack settings file, corral's own source and
+templates, and the installed Pulumi SDK versions. The base side of a
+review rarely changes between runs, so a second `corral diff` plans only
+what was edited.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
+import json
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
@@ -79,19 +88,121 @@ def _worker(cluster: Any, clusters: str) -> tuple[Plan | None, str | None]:
 Side = tuple[Any, Path]  # (validated Cluster model, its clusters folder)
 
 
-def plan_pairs(items: list[tuple[str, Side | None, Side | None]], jobs: int = 2) -> list[tuple[Plan | None, Plan | None, str | None]]:
-    """For each (cluster name, old side, new side): (old plan, new plan, error). A missing side plans empty."""
+CACHE_ENV = "CORRAL_PLAN_CACHE"
+CACHE_KEEP = 200  # plans kept; older ones are pruned
+_PULUMI_PACKAGES = ("pulumi", "pulumi-azure-native", "pulumi-aws", "pulumi-gcp", "pulumi-tls", "pulumi-random")
+
+
+def cache_dir() -> Path | None:
+    value = os.environ.get(CACHE_ENV, "")
+    if value.lower() in ("0", "off", "no", "false"):
+        return None
+    if value:
+        return Path(value)
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "corral" / "plans"
+
+
+_FINGERPRINT: str | None = None
+
+
+def code_fingerprint() -> str:
+    """A hash of corral's source and templates and of the Pulumi SDK versions."""
+    global _FINGERPRINT
+    if _FINGERPRINT is None:
+        from importlib import metadata
+
+        digest = hashlib.sha256()
+        package = Path(__file__).resolve().parents[1]
+        for path in sorted(package.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc",):
+                digest.update(path.relative_to(package).as_posix().encode() + b"\0")
+                digest.update(path.read_bytes())
+        for name in _PULUMI_PACKAGES:
+            try:
+                digest.update(f"{name}={metadata.version(name)}".encode())
+            except metadata.PackageNotFoundError:
+                digest.update(f"{name}=none".encode())
+        _FINGERPRINT = digest.hexdigest()
+    return _FINGERPRINT
+
+
+def _stack_file(name: str, clusters: Path) -> Path | None:
+    """Where `corral.infra.plan.stack_config_file` finds the stack settings (same order)."""
+    candidates = [Path(clusters).resolve().parent / "stacks"]
+    for start in (Path.cwd(), Path(__file__).resolve().parent):
+        root = next((f for f in (start, *start.parents) if (f / "Pulumi.yaml").is_file()), None)
+        if root is not None:
+            candidates.append(root / "stacks")
+            break
+    candidates.append(Path(__file__).resolve().parents[2] / "stacks")
+    for folder in candidates:
+        if (folder / f"Pulumi.{name}.yaml").is_file():
+            return folder / f"Pulumi.{name}.yaml"
+    return None
+
+
+def cache_key(cluster: Any, clusters: Path) -> str:
+    stack = _stack_file(cluster.name, clusters)
+    digest = hashlib.sha256(code_fingerprint().encode())
+    digest.update(cluster.model_dump_json(by_alias=True).encode())
+    digest.update(stack.read_bytes() if stack is not None else b"(no stack file)")
+    return digest.hexdigest()
+
+
+def _cache_get(folder: Path | None, key: str) -> Plan | None:
+    if folder is None:
+        return None
+    path = folder / f"{key}.json"
     try:
-        import corral.infra.plan  # noqa: F401  (imported before forking, shared by the workers)
-    except Exception as err:
-        message = f"the offline plan is not available ({type(err).__name__}: {err})"
-        return [(None, None, message) for _ in items]
+        data = json.loads(path.read_text())
+        os.utime(path)  # recently used: kept by the pruning
+        return data
+    except (OSError, ValueError):
+        return None
+
+
+def _cache_put(folder: Path | None, key: str, plan: Plan) -> None:
+    if folder is None:
+        return
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{key}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(plan))
+        os.replace(tmp, folder / f"{key}.json")
+        entries = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
+        for old in entries[:-CACHE_KEEP]:
+            old.unlink(missing_ok=True)
+    except OSError:
+        pass  # a cache that cannot be written is no cache, not an error
+
+
+def plan_pairs(items: list[tuple[str, Side | None, Side | None]], jobs: int = 2, use_cache: bool = True) -> list[tuple[Plan | None, Plan | None, str | None]]:
+    """For each (cluster name, old side, new side): (old plan, new plan, error). A missing side plans empty."""
     tasks = [(i, label, side) for i, (_, old, new) in enumerate(items)
              for label, side in (("old", old), ("new", new)) if side is not None]
-    _preload({side[0].control_plane.cloud for _, _, side in tasks})
     results: dict[tuple[int, str], tuple[Plan | None, str | None]] = {}
+    cache = cache_dir() if use_cache else None
+    keys = {(i, label): cache_key(side[0], side[1]) for i, label, side in tasks} if cache else {}
+    pending = []
+    for i, label, side in tasks:
+        cached = _cache_get(cache, keys[(i, label)]) if cache else None
+        if cached is not None:
+            results[(i, label)] = (cached, None)
+        else:
+            pending.append((i, label, side))
+    tasks = pending
+    if tasks:
+        try:
+            import corral.infra.plan  # noqa: F401  (imported before forking, shared by the workers)
+        except Exception as err:
+            message = f"the offline plan is not available ({type(err).__name__}: {err})"
+            return [(None, None, message) for _ in items]
+        _preload({side[0].control_plane.cloud for _, _, side in tasks})
     jobs = max(1, min(jobs, len(tasks), os.cpu_count() or 1))
-    if jobs == 1:
+    if not tasks:
+        pass
+    elif jobs == 1:
         for i, label, (cluster, folder) in tasks:
             results[(i, label)] = _worker(cluster, str(folder))
     else:
@@ -100,6 +211,10 @@ def plan_pairs(items: list[tuple[str, Side | None, Side | None]], jobs: int = 2)
             futures = {(i, label): pool.submit(_worker, cluster, str(folder)) for i, label, (cluster, folder) in tasks}
             for key, future in futures.items():
                 results[key] = future.result()
+    for i, label, _ in tasks:
+        plan, error = results[(i, label)]
+        if cache and error is None and plan is not None:
+            _cache_put(cache, keys[(i, label)], plan)
     out = []
     for i, (name, _, _) in enumerate(items):
         old_plan, old_error = results.get((i, "old"), ([], None))

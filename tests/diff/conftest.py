@@ -41,3 +41,18 @@ def edit(clusters: Path, name: str, old: str, new: str) -> None:
     text = path.read_text()
     assert old in text, f"{old!r} not in {name}.yaml"
     path.write_text(text.replace(old, new, 1))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def plan_cache(tmp_path_factory):
+    """Plans cached in a throwaway folder, never in the user's ~/.cache."""
+    import os
+
+    folder = tmp_path_factory.mktemp("plan-cache")
+    old = os.environ.get("CORRAL_PLAN_CACHE")
+    os.environ["CORRAL_PLAN_CACHE"] = str(folder)
+    yield folder
+    if old is None:
+        os.environ.pop("CORRAL_PLAN_CACHE", None)
+    else:
+        os.environ["CORRAL_PLAN_CACHE"] = old

@@ -660,6 +660,19 @@ def test_no_vpn_sites_no_gateway():
     assert "10.70.0.0/16" in _prefixes(next(r for r in rules if r["name"] == "allow-apiserver"), "source")
 
 
+def test_stack_location_must_match_the_region():
+    ctx = context(load("jaguar"))
+    pulumi.runtime.set_all_config({"azure-native:location": "westeurope"})
+    try:
+        with pytest.raises(ValueError, match="azure-native:location is westeurope"):
+            record(lambda: az.Network("network", ctx))
+        pulumi.runtime.set_all_config({"azure-native:location": "East US 2"})
+        records, _ = record(lambda: az.Network("network", ctx))
+        assert records
+    finally:
+        pulumi.runtime.set_all_config({})
+
+
 def test_reserved_site_asn_is_refused():
     ctx = context(load("jaguar", asn=lambda d: d["sites"][0]["vpn"].update(bgpASN=65515)))
     with pytest.raises(ValueError, match="reserved by Azure"):

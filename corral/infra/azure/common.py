@@ -51,6 +51,22 @@ def location(ctx: ClusterContext) -> str:
     return ctx.cluster.control_plane.region
 
 
+def check_location(ctx: ClusterContext) -> None:
+    """The stack's provider location, when set, must be the cluster's region.
+
+    Every resource names its location explicitly (the cluster file is the
+    only place it is written); a stack setting that disagrees is a mistake
+    worth stopping for, not a silent override.
+    """
+    configured = pulumi.Config("azure-native").get("location")
+    wanted = location(ctx)
+    if configured and configured.replace(" ", "").lower() != wanted.lower():
+        raise ValueError(
+            f"stack config azure-native:location is {configured}, but cluster {ctx.cluster.name} "
+            f"lives in {wanted} (controlPlane.region); fix stacks/Pulumi.{ctx.cluster.name}.yaml"
+        )
+
+
 def tags(ctx: ClusterContext, **extra: pulumi.Input[str]) -> dict[str, pulumi.Input[str]]:
     """The cluster's common tags plus any extra ones (Azure: at most 50)."""
     merged = {**ctx.tags, **extra}

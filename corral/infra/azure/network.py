@@ -11,7 +11,7 @@ import pulumi_tls as tls
 from corral.infra.platform import ClusterContext
 from corral.model.layout import API_PORT
 
-from .common import ADMIN_USERNAME, location, subscription_of, tags
+from .common import ADMIN_USERNAME, check_location, location, subscription_of, tags
 
 ETCD_PORTS = "2379-2380"  # client, peer
 KUBELET_PORT = 10250
@@ -104,6 +104,7 @@ class Network(pulumi.ComponentResource):
 
     def __init__(self, name: str, ctx: ClusterContext, opts: pulumi.ResourceOptions | None = None):
         super().__init__("corral:azure:Network", name, None, opts)
+        check_location(ctx)
         cluster, lay = ctx.cluster, ctx.layout
         cp = cluster.control_plane
         rn = ctx.resource_name
