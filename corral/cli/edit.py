@@ -326,7 +326,7 @@ def new(
     except ValidationFailed as failed:
         for problem in failed.problems:
             out.print(str(problem), markup=False)
-        fail(f"refused: the new cluster would not validate; nothing written")
+        fail("refused: the new cluster would not validate; nothing written")
     stack_body = stack_text(name, cloud, region)
     out.print(f"--- {path} (new)", markup=False)
     out.print(text, markup=False, end="")

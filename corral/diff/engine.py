@@ -142,7 +142,7 @@ def _plan_all(report: Report, old_dir: Path, new_dir: Path, old_models: dict, ne
             diff.plan_error = "the cluster file does not validate; fix it to see the plan"
             continue
         if diff.status != "added" and old is None:
-            diff.plan_error = (f"the cluster file at the base revision does not validate with today's model, "
+            diff.plan_error = ("the cluster file at the base revision does not validate with today's model, "
                                "so its plan cannot be compared")
             continue
         work.append((diff, (old, old_dir) if old is not None else None, (new, new_dir) if new is not None else None))

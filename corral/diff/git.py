@@ -68,7 +68,7 @@ def files_at(root: Path, rev: str | None, folder: str, suffix: str = ".yaml") ->
         if not record:
             continue
         meta, _, path = record.partition(b"\t")
-        mode, kind, sha = meta.split()
+        _mode, kind, sha = meta.split()
         name = path.decode()[len(prefix):]
         if kind == b"blob" and "/" not in name and name.endswith(suffix):
             entries.append((name, sha.decode()))

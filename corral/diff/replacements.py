@@ -23,8 +23,8 @@ reported the same way; add it here when corral starts registering it.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 REPLACE = "replace"
 RESTART = "restart"

@@ -23,8 +23,13 @@ def _plan_line(c: ClusterDiff) -> str:
     return "plan: " + ", ".join(f"{n[a]} to {a}" for a in ACTIONS if n[a])
 
 
-def _danger_line(cluster: str, r: ResourceChange) -> str:
-    return f"{cluster}: {r.action.upper()} {r.type} {r.name}: {r.danger}"
+def danger_groups(report: Report) -> list[tuple[str, str, str, list[ResourceChange]]]:
+    """(cluster, action, type, resources) of dangers that read the same (three etcd disks, one line)."""
+    groups: dict[tuple[str, str, str, str, str], list[ResourceChange]] = {}
+    for c in report.clusters:
+        for r in c.dangers:
+            groups.setdefault((c.name, r.action, r.type, r.danger, r.summary()), []).append(r)
+    return [(cluster, action, type_, members) for (cluster, action, type_, _, _), members in groups.items()]
 
 
 # --- text -----------------------------------------------------------------------
@@ -38,7 +43,9 @@ def text(report: Report) -> str:
     dangers = [(c.name, r) for c in report.clusters for r in c.dangers]
     if dangers:
         lines += ["", f"!!! DANGER: {len(dangers)} destructive or disruptive change{'s' * (len(dangers) != 1)} !!!"]
-        lines += [f"  !! {_danger_line(name, r)}" for name, r in dangers]
+        for cluster, action, type_, members in danger_groups(report):
+            names = ", ".join(r.name for r in members)
+            lines.append(f"  !! {cluster}: {action.upper()} {type_} {names}: {members[0].danger}")
     for c in report.clusters:
         lines += ["", f"== {c.name} ({c.status}{', ' + c.cloud if c.cloud else ''}) =="]
         for problem in c.problems:
@@ -90,10 +97,11 @@ def markdown(report: Report) -> str:
                 "> [!CAUTION]",
                 "> These destroy or disrupt stateful parts of a cluster. Make sure this is intended "
                 "and planned (one etcd member at a time, a maintenance window for VPNs).", ""]
-        for name, r in dangers:
-            out.append(f"- **{name}**: **{r.action.upper()}** `{r.type}` `{r.name}`: {r.danger}")
-            if r.changes:
-                out.append(f"  - {_cell(r.summary())}")
+        for cluster, action, type_, members in danger_groups(report):
+            names = ", ".join(f"`{r.name}`" for r in members)
+            out.append(f"- **{cluster}**: **{action.upper()}** `{type_}` {names}: {members[0].danger}")
+            if members[0].changes:
+                out.append(f"  - {_cell(members[0].summary())}")
         out.append("")
     invalid = [c for c in report.clusters if c.problems]
     if invalid:

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from . import replacements
-from .replacements import IN_PLACE, REPLACE, RESTART
+from .replacements import REPLACE, RESTART
 
 CREATE, UPDATE, DELETE = "create", "update", "delete"
 ACTIONS = (CREATE, UPDATE, REPLACE, DELETE)

@@ -7,6 +7,7 @@ What is recorded, per registered resource (custom and component alike):
     type              the type token (`azure-native:compute:Disk`, `corral:azure:Etcd`)
     name              the logical name
     parent            the parent's logical name (null: a child of the stack)
+    component         the top-level component it belongs to (the table's groups)
     protect           the `protect` option the engine would get
     retainOnDelete    the `retain_on_delete` option
     inputs            the inputs as the provider would get them, secrets
@@ -30,6 +31,8 @@ string containing a secret's plaintext seen elsewhere in the run is masked.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import logging
 import threading
@@ -322,6 +325,24 @@ def _group_and_parent(registrations: list[Registration]) -> dict[str, tuple[str 
     return result
 
 
+@contextlib.contextmanager
+def paused_gc():
+    """No cyclic garbage collection while a plan runs.
+
+    Pulumi's Outputs and futures form many short reference cycles, and each
+    full collection rescans the tens of thousands of classes the cloud SDKs
+    define: collecting halves the plan's CPU time for no memory a plan needs
+    back. The previous state is restored afterwards.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def plan_cluster(
     cluster: Cluster,
     *,
@@ -350,10 +371,11 @@ def plan_cluster(
         program.main(cluster=cluster, platform=platform)
 
     try:
-        _sync_await(run_pulumi_func(run_program))
-        root = settings.get_root_resource()
-        raw_outputs = dict(getattr(root, "outputs", {}) or {})
-        outputs = _sync_await(_resolve_output(raw_outputs, masker))
+        with paused_gc():
+            _sync_await(run_pulumi_func(run_program))
+            root = settings.get_root_resource()
+            raw_outputs = dict(getattr(root, "outputs", {}) or {})
+            outputs = _sync_await(_resolve_output(raw_outputs, masker))
     except program.ProgramError as err:
         raise PlanError(str(err)) from None
     finally:

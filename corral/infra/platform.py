@@ -36,6 +36,15 @@ classes, with these constructor signatures and attributes:
         the IPsec pre-shared key, a secret Output). Attribute `sites`:
         dict site name -> Output[dict] of what the data centre's side needs
         (gateway public address, tunnel addresses, cloud BGP ASN/peer IP).
+
+How the program (`program.py`) uses them: component names are
+`ctx.resource_name(<part>)`, i.e. `<cluster>-network`, `<cluster>-etcd`,
+`<cluster>-etcd-events`, `<cluster>-apiservers`, `<cluster>-nodepools`,
+`<cluster>-hybridlink`. NodePools is built only when the cluster has cloud
+pools, HybridLink only when a site declares `vpn`. Every `user_data` item is
+a secret Output[str] (plain cloud-init text, never base64: encode it as the
+cloud wants). Components raise ValueError for a cluster they cannot build;
+the program and `corral plan` report its message without a traceback.
 """
 
 from __future__ import annotations

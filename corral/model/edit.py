@@ -147,7 +147,10 @@ def _tree(text: str) -> Node:
 
 
 def _data(text: str) -> Any:
-    return YAML(typ="safe", pure=False).load(text)
+    try:
+        return YAML(typ="safe", pure=False).load(text)
+    except Exception as err:  # ruamel raises several kinds for bad YAML
+        raise EditError(f"the file is not valid YAML, fix it by hand first: {err}") from None
 
 
 # --- Text helpers ------------------------------------------------------------
@@ -557,7 +560,7 @@ def _set_value(text: str, mapping: Node, key: str, value: Any, style: Style, ord
     # A new key: after the key that precedes it in `order`, else at the end.
     position = order.index(key) if key in order else len(order)
     before = [(kk, vv) for kk, vv in mapping.pairs if kk.value in order[:position]]
-    after_key, after_value = before[-1] if before else mapping.pairs[-1]
+    _, after_value = before[-1] if before else mapping.pairs[-1]
     if mapping.flow:
         entry = f"{render_scalar(key)}: {_render_flow(value, style)}"
         return _splice(text, after_value.end, after_value.end, ", " + entry)
@@ -839,7 +842,7 @@ SCAFFOLD_DEFAULTS = {
               "disk": "PremiumV2_LRS", "iops": 5000, "throughput": 200, "mtu": 1450},
     "aws": {"zones": ["{region}a", "{region}b", "{region}c"], "api": "m7i.2xlarge", "etcd": "r7i.xlarge",
             "disk": "gp3", "iops": 6000, "throughput": 250, "mtu": 8951},
-    "gcp": {"zones": ["{region}-a", "{region}-b", "{region}-c"], "api": "n2-standard-8", "etcd": "n2-highmem-4",
+    "gcp": {"zones": ["{region}-a", "{region}-b", "{region}-c"], "api": "n2-standard-8", "etcd": "c3-highmem-4",
             "disk": "hyperdisk-balanced", "iops": 6000, "throughput": 250, "mtu": 1410},
 }
 DEFAULT_KUBERNETES = "1.31.4"
@@ -902,9 +905,7 @@ def new_cluster_text(
     versions = sorted((c.kubernetes.version for c in fleet.values()),
                       key=lambda v: tuple(int(p) for p in v.split(".")))
     version = kubernetes_version or (versions[-1] if versions else DEFAULT_KUBERNETES)
-    q = lambda v: render_scalar(v)  # noqa: E731
-    zone_list = "[" + ", ".join(q(z) for z in zones) + "]"
-    example_zone = q(zones[0])
+    zone_list = "[" + ", ".join(render_scalar(z) for z in zones) + "]"
     return f"""# yaml-language-server: $schema=schema.json
 # {name}: new {cloud} cluster in {region}, scaffolded by `corral cluster new`.
 # Field reference: `corral schema`; resolved defaults: `corral show {name}`.
@@ -946,4 +947,4 @@ scheduling:
 # Add pools with `corral nodepool add {name} NAME --provider {cloud} ...`, for example:
 #   corral nodepool add {name} cpu --provider {cloud} --machine-type {defaults['api']} --zones {zones[0]} --max 10
 nodePools: []
-""".replace("{example_zone}", example_zone)
+"""

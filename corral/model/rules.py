@@ -217,6 +217,11 @@ def _cloud_pool(cluster: Cluster, pool: CloudPool, here: tuple) -> Iterator[Find
     for j, zone in enumerate(pool.zones or []):
         if message := zone_error(cp.cloud, cp.region, zone):
             yield (*here, "zones", j), message
+        elif zone not in cp.zones:
+            # Node subnets exist only in the control plane's zones (layout.py).
+            yield (*here, "zones", j), (
+                f"zone '{zone}' is not one of the control plane's zones ({', '.join(cp.zones)})"
+            )
     if pool.min_size > pool.max_size:
         yield (*here, "minSize"), f"minSize {pool.min_size} is larger than maxSize {pool.max_size}"
 

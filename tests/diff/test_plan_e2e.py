@@ -38,7 +38,7 @@ VARIANTS = {
     },
     "ibis": {
         "iops": ("iops: 12000,", "iops: 14000,"),
-        "machine": ("machineType: n2-highmem-8", "machineType: n2-highmem-16"),
+        "machine": ("machineType: c3-highmem-8", "machineType: c3-highmem-22"),
         "disk_type": ("type: hyperdisk-balanced, sizeGiB: 256, iops: 12000, throughputMBps: 400",
                       "type: hyperdisk-extreme, sizeGiB: 256, iops: 12000"),
         "pool": ("maxSize: 64", "maxSize: 96"),

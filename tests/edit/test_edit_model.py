@@ -61,7 +61,7 @@ def test_add_keeps_every_other_byte(name, fleet_dir):
     old = example(name)
     new = add_pool(old, NEW_POOLS[name])
     # Pure insertion: the old text is a prefix-and-suffix split of the new one.
-    removed, added = changed_lines(old, new)
+    removed, _ = changed_lines(old, new)
     assert removed == []
     assert new.startswith(old.rstrip("\n")) or old in new
     # Every original line is still there, in order, byte for byte.

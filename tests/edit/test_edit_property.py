@@ -8,7 +8,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from corral.model import ValidationFailed
-from corral.model.edit import EditError, add_pool, pool_data, pool_document, remove_pool, validate_edit
+from corral.model.edit import (
+    EditError,
+    add_pool,
+    pool_data,
+    pool_document,
+    remove_pool,
+    validate_edit,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "clusters"
 CLUSTERS = {"jaguar": "azure", "heron": "aws", "ibis": "gcp"}

@@ -41,7 +41,7 @@ class Etcd(pulumi.ComponentResource):
         super().__init__("corral:fake:Etcd", name, None, opts)
         _record("Etcd", name=name, members=list(members), user_data=list(user_data))
         disk = ctx.cluster.control_plane.etcd.disk
-        for member, document in zip(members, user_data):
+        for member, document in zip(members, user_data, strict=True):
             pulumi.CustomResource(
                 "fake:index:Disk", f"{member.name}-data",
                 {"zone": member.zone, "type": disk.type, "sizeGiB": disk.size_gib, "iops": disk.iops},
@@ -59,7 +59,7 @@ class ApiServers(pulumi.ComponentResource):
     def __init__(self, name, ctx, network, user_data, opts=None):
         super().__init__("corral:fake:ApiServers", name, None, opts)
         _record("ApiServers", name=name, user_data=list(user_data))
-        for server, document in zip(ctx.layout.api_servers, user_data):
+        for server, document in zip(ctx.layout.api_servers, user_data, strict=True):
             pulumi.CustomResource(
                 "fake:index:Vm", server.name,
                 {"zone": server.zone, "privateIp": server.ip, "userData": document},

@@ -13,9 +13,10 @@ import base64
 import copy
 import gc
 import ipaddress
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pulumi
 import pytest
@@ -101,7 +102,7 @@ class Recorder(RecordingMonitor):
         super().__init__(mocks)
         self.extras: dict[str, tuple[list[str], bool, str]] = {}
 
-    def RegisterResource(self, request):  # noqa: N802
+    def RegisterResource(self, request):
         response = super().RegisterResource(request)
         if request.type != STACK_TYPE:
             with self._lock:
@@ -650,7 +651,7 @@ def test_locate_device_snippet_reads_the_volume_tag(tmp_path):
         script = LOCATE_DEVICE.replace("http://169.254.169.254", f"http://127.0.0.1:{server.server_port}")
         assert script != LOCATE_DEVICE
         out = subprocess.run(["bash", "-euo", "pipefail", "-c", script + 'echo "$DEVICE"'],
-                             capture_output=True, text=True, timeout=60)
+                             check=False, capture_output=True, text=True, timeout=60)
     finally:
         server.shutdown()
     assert out.returncode == 0, out.stderr

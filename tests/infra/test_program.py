@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -21,7 +20,6 @@ from corral.model import load_fleet
 
 from .conftest import CERT_PEM, EXAMPLES, ROOT, edited_cluster
 
-JAGUAR_HOSTS = 'hosts: ["gpu-[001:064].sf1.internal"]'
 
 
 def example(name: str):

@@ -311,3 +311,9 @@ def test_every_problem_in_one_run(tmp_path):
 def test_gcp_disk_needs_a_machine_series_that_can_attach_it(tmp_path):
     found = only(variant(tmp_path, "ibis", "machineType: c3-highmem-8", "machineType: n2-highmem-8"))
     assert "controlPlane.etcd.machineType: n2-highmem-8 (N2 series) cannot attach hyperdisk-balanced" in found
+
+
+def test_pool_zone_outside_the_control_plane_zones(tmp_path):
+    text = example("heron").replace("zones: [us-west-2a, us-west-2b, us-west-2c]", "zones: [us-west-2a, us-west-2b]")
+    found = only(problems(tmp_path, {"heron.yaml": text.replace("zones: [us-west-2a]\n", "zones: [us-west-2c]\n")}))
+    assert "nodePools[1].zones[0]" not in found and "zone 'us-west-2c' is not one of the control plane's zones" in found

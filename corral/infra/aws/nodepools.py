@@ -11,7 +11,15 @@ from corral.infra.platform import ClusterContext
 from corral.model import CloudPool, Cluster
 from corral.model.layout import node_group_name
 
-from .common import check_zone, metadata_options, node_image, pick, root_device_name, tags, user_data_base64
+from .common import (
+    check_zone,
+    metadata_options,
+    node_image,
+    pick,
+    root_device_name,
+    tags,
+    user_data_base64,
+)
 from .network import Network
 
 AUTOSCALER = "k8s.io/cluster-autoscaler"
