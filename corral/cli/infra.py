@@ -17,14 +17,18 @@ from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cluster_or_exi
 # Inputs shown first in the table's summary column when a resource has them:
 # what a reviewer checks (where, how big, how fast, who may connect).
 KEY_INPUTS = (
-    "location", "availabilityZone", "zone", "zones", "region", "sku", "type", "diskType", "storageAccountType",
+    "location", "availabilityZone", "zone", "zones", "region", "vmSize", "instanceType", "machineType",
+    "sku", "type", "diskType", "storageAccountType",
     "size", "sizeGiB", "diskSizeGB", "diskIOPSReadWrite", "diskMBpsReadWrite", "iops", "throughput",
-    "provisionedIops", "provisionedThroughput", "vmSize", "instanceType", "machineType",
+    "provisionedIops", "provisionedThroughput",
     "cidrBlock", "addressPrefix", "addressPrefixes", "ipCidrRange", "privateIp", "privateIpAddress",
     "minSize", "maxSize", "desiredCapacity", "port", "fromPort", "toPort", "ports", "protocol",
     "sourceRanges", "cidrIpv4", "commonName", "subject", "ipAddresses", "dnsNames", "algorithm", "length",
+    "caching", "lun", "deviceName", "isCaCertificate", "allowedUses",
 )
-SUMMARY_WIDTH = 160
+# Inputs that repeat what the row already says, or are noise at a glance.
+SKIPPED_INPUTS = ("name", "tags", "labels", "resourceGroupName", "description")
+SUMMARY_WIDTH = 200
 
 
 class Format(str, enum.Enum):
@@ -44,22 +48,41 @@ def _short(value: Any) -> str:
     return json.dumps(value)
 
 
+def _flatten(inputs: dict[str, Any], prefix: str = "", depth: int = 0) -> list[tuple[str, Any]]:
+    """(dotted path, value) of every scalar or list, nested mappings walked three deep."""
+    items = []
+    for key, value in inputs.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value and depth < 3:
+            items.extend(_flatten(value, f"{path}.", depth + 1))
+        else:
+            items.append((path, value))
+    return items
+
+
 def summarise(inputs: dict[str, Any]) -> str:
-    """One line of a resource's inputs: the key ones first, then the other scalars."""
-    keys = [k for k in KEY_INPUTS if k in inputs]
-    keys += sorted(k for k, v in inputs.items() if k not in keys and not isinstance(v, (dict, list)) and k != "name")
-    parts = []
-    for key in keys:
-        value = inputs[key]
-        if value is None or value == "[unknown]":
-            continue
-        parts.append(f"{key}={_short(value)}")
-    text = ", ".join(parts)
+    """One line of a resource's inputs: the key ones first (by their own name), then the rest."""
+    rank = {key: i for i, key in enumerate(KEY_INPUTS)}
+
+    def order(path: str) -> tuple[int, int]:
+        # Key inputs at the top level first, then key inputs nested deeper, then the rest.
+        top, leaf = path.split(".", 1)[0], path.rsplit(".", 1)[-1]
+        if top in rank:
+            return 0, rank[top]
+        return (1, rank[leaf]) if leaf in rank else (2, 0)
+
+    items = [
+        (path, value) for path, value in _flatten(inputs)
+        if value not in (None, "[unknown]", [], {}) and path.split(".", 1)[0] not in SKIPPED_INPUTS
+    ]
+    items.sort(key=lambda item: order(item[0]))  # stable: the inputs' own order within a rank
+    text = ", ".join(f"{path}={_short(value)}" for path, value in items)
     return text if len(text) <= SUMMARY_WIDTH else text[: SUMMARY_WIDTH - 3] + "..."
 
 
 def _print_table(result) -> None:
     from rich.table import Table
+    from rich.text import Text
 
     for component, resources in result.components().items():
         table = Table(title=f"{component} ({len(resources)} resources)", title_justify="left", expand=False)
@@ -71,13 +94,14 @@ def _print_table(result) -> None:
             protect = "protect" if resource["protect"] else ""
             if resource["retainOnDelete"]:
                 protect = f"{protect}+retain" if protect else "retain"
-            table.add_row(resource["type"], resource["name"], protect, summarise(resource["inputs"]))
+            # Text, not markup: "[secret]" must print as itself.
+            table.add_row(Text(resource["type"]), Text(resource["name"]), protect, Text(summarise(resource["inputs"])))
         out.print(table)
-    out.print(f"[bold]outputs[/] of stack {result.cluster}:")
+    out.print(f"outputs of stack {result.cluster}:", markup=False)
     for key, value in result.outputs.items():
         out.print(f"  {key}: {_short(value)}", markup=False)
     for message in result.diagnostics:
-        out.print(f"[yellow]{message}[/]", markup=True)
+        out.print(Text(message, style="yellow"))
     out.print(f"{len(result.resources)} resources ({result.cloud}), from the same program `pulumi up -s {result.cluster}` runs")
 
 

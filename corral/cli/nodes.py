@@ -12,7 +12,8 @@ from rich.table import Table
 
 from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cluster_or_exit, err, fail, out
 
-STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "bold red", "unreachable": "bold red"}
+STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "bold red", "unreachable": "bold red",
+                "not run": "bold red"}
 
 
 def inventory(
@@ -60,6 +61,9 @@ def join(
     outputs: Annotated[Optional[Path], typer.Option(help="Stack outputs JSON (air-gapped runs) instead of `pulumi stack output`.")] = None,
     forks: Annotated[int, typer.Option(help="Hosts configured in parallel.")] = 50,
     runs_dir: Annotated[Optional[Path], typer.Option(help="Where ansible-runner keeps artifacts.")] = None,
+    extra_vars: Annotated[Optional[list[Path]], typer.Option(
+        "--extra-vars", "-e", help="Variables file of site overrides (repeatable), e.g. repository URLs.",
+        exists=True, dir_okay=False)] = None,
 ) -> None:
     """Join on-prem nodes to the cluster with the Ansible roles; exit 1 if any host failed."""
     from corral.nodes.join import JoinError, join_material, run_join, select_hosts
@@ -72,12 +76,13 @@ def join(
         with Live(console=err, refresh_per_second=4, transient=True) as live:
             report = run_join(
                 cluster, material, hosts, check=check, runs_dir=runs_dir, forks=forks,
+                extra_vars=extra_vars or [],
                 on_update=lambda r: live.update(_progress_table(r, title)),
             )
     except JoinError as error:
         fail(str(error))
     out.print(_progress_table(report, title))
-    bad = [r for r in report.hosts.values() if r.status in ("failed", "unreachable")]
+    bad = [r for r in report.hosts.values() if r.status not in ("ok", "changed")]
     changed = sum(r.changed for r in report.hosts.values())
     summary = f"{len(hosts) - len(bad)} of {len(hosts)} hosts ok, {changed} changes; artifacts: {report.artifacts}"
     out.print(summary, markup=False)

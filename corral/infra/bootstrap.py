@@ -342,12 +342,16 @@ def kubeadm_context(cluster: Cluster, lay: Layout, server: Machine, token: str, 
     }
 
 
-def render_kubeadm_config(cluster: Cluster, lay: Layout, index: int, token: str, ca_cert_hashes: list[str]) -> str:
-    """Server 0: `kubeadm init` config; the others: a control-plane JoinConfiguration."""
-    server = lay.api_servers[index]
-    context = kubeadm_context(cluster, lay, server, token, ca_cert_hashes)
-    template = "kubeadm/init-configuration.yaml.j2" if index == 0 else "kubeadm/control-plane-join.yaml.j2"
-    return render(template, **context)
+def render_kubeadm_init_config(cluster: Cluster, lay: Layout, token: str) -> str:
+    """The first API server's `kubeadm init` config (Init, Cluster and Kubelet configuration)."""
+    context = kubeadm_context(cluster, lay, lay.api_servers[0], token, [])
+    return render("kubeadm/init-configuration.yaml.j2", **context)
+
+
+def render_kubeadm_join_config(cluster: Cluster, lay: Layout, index: int, token: str, ca_cert_hashes: list[str]) -> str:
+    """API server `index`'s control-plane JoinConfiguration (discovery endpoint filled in at boot)."""
+    context = kubeadm_context(cluster, lay, lay.api_servers[index], token, ca_cert_hashes)
+    return render("kubeadm/control-plane-join.yaml.j2", **context)
 
 
 def render_api_server_cloud_init(
@@ -366,7 +370,9 @@ def render_api_server_cloud_init(
         File(f"{pki}/etcd/ca.crt", tls.etcd_ca_cert),
         File(f"{pki}/apiserver-etcd-client.crt", tls.etcd_client_cert),
         File(f"{pki}/apiserver-etcd-client.key", tls.etcd_client_key, "0600"),
-        File(f"{KUBEADM_DIR}/kubeadm.yaml", render_kubeadm_config(cluster, lay, index, token, [ca_cert_hash]), "0600"),
+        # Every server can join (server 0 too, when it replaces a lost machine);
+        # server 0 also holds the config that initialises the cluster.
+        File(f"{KUBEADM_DIR}/join.yaml", render_kubeadm_join_config(cluster, lay, index, token, [ca_cert_hash]), "0600"),
         File(SCHEDULER_CONFIG, render_scheduler_config(cluster)),
         File("/usr/local/sbin/corral-apiserver-hairpin", render(
             "scripts/apiserver-hairpin.sh.j2", api_vip=lay.api_vip, api_port=API_PORT, server_ip=server.ip,
@@ -376,9 +382,11 @@ def render_api_server_cloud_init(
             "scripts/api-server.sh.j2",
             server=server, first=index == 0, api_port=API_PORT, etcd_endpoints=lay.etcd_client_urls(),
             peers=[m.ip for m in lay.api_servers if m.index != index],
-            discovery_placeholder=DISCOVERY_PLACEHOLDER,
+            discovery_placeholder=DISCOVERY_PLACEHOLDER, kubeadm_dir=KUBEADM_DIR,
         ), "0755"),
     ]
+    if index == 0:
+        files.append(File(f"{KUBEADM_DIR}/init.yaml", render_kubeadm_init_config(cluster, lay, token), "0600"))
     image = coscheduling_image(cluster)
     if image:
         files.append(File("/etc/kubernetes/patches/kube-scheduler+strategic.yaml", scheduler_image_patch(image)))

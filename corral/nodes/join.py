@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -128,6 +129,9 @@ class HostResult:
             return "unreachable"
         if self.failed:
             return "failed"
+        if not self.ok:
+            # Selected but no task ran on it: the run cannot vouch for it.
+            return "not run"
         return "changed" if self.changed else "ok"
 
 
@@ -214,8 +218,14 @@ def run_join(
     runs_dir: Path | None = None,
     on_update: Callable[[JoinReport], None] | None = None,
     forks: int = 50,
+    extra_vars: list[Path] = (),
 ) -> JoinReport:
-    """Run the join playbook on `hosts`; the per-host report."""
+    """Run the join playbook on `hosts`; the per-host report.
+
+    `extra_vars` are YAML/JSON files of site-specific overrides (repository
+    URLs, `corral_reboot_batch`, ...), passed as `-e @FILE` after the cluster's
+    own variables, so they win.
+    """
     import ansible_runner  # heavy: only when a join really runs
 
     playbooks = ansible_dir()
@@ -227,12 +237,17 @@ def run_join(
         fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as handle:
             json.dump(material, handle)
-        cmdline = f"-e @{secret_file}" + (" --check --diff" if check else "")
+        cmdline = " ".join(
+            [*(f"-e @{shlex.quote(str(Path(f).resolve()))}" for f in extra_vars), f"-e @{secret_file}"]
+            + (["--check", "--diff"] if check else [])
+        )
         runner = ansible_runner.run(
             private_data_dir=str(runs_dir),
             playbook=str(playbooks / PLAYBOOK),
-            inventory=inv.build(cluster),
-            limit=",".join(hosts),
+            inventory=inv.as_yaml_inventory(inv.build(cluster)),
+            # No limit when every on-prem host runs: thousands of names on a
+            # command line buy nothing.
+            limit=None if len(hosts) == len(inv.host_pool(cluster)) else ",".join(hosts),
             cmdline=cmdline,
             forks=forks,
             envvars={"ANSIBLE_CONFIG": str(playbooks / "ansible.cfg")},

@@ -166,6 +166,17 @@ def lab_run(hostlab, hostlab_repo, tmp_path_factory):
         check_untouched = {h.name: not h.path("/etc/sysctl.d/90-corral-node.conf").exists() for h in hosts}
         runs["first"] = run_playbook(workdir, inv_path)
         runs["second"] = run_playbook(workdir, inv_path)
+        # Failure budget: the first GPU batch fails its GPU check (the fake
+        # nvidia-smi reports 7 GPUs), so the rollout stops before the second
+        # GPU batch; the host without GPUs has joined before the GPU play.
+        gpus = lab.hosts[GPU1].path("/etc/corral-fakes/gpus")
+        gpus.parent.mkdir(parents=True, exist_ok=True)
+        gpus.write_text("model=NVIDIA H100 80GB HBM3\ncount=7\n")
+        try:
+            runs["budget"] = run_playbook(workdir, inv_path, "-e", "corral_reboot_batch=1",
+                                          "-e", "corral_max_fail_percentage=0")
+        finally:
+            gpus.unlink()
         runs["mtu"] = run_playbook(workdir, inv_path, "--limit", CPU1, "-e", "corral_flannel_mtu=8950")
         timings = {"boot_3_hosts": round(boot, 1), **{k: round(v["wall"], 1) for k, v in runs.items()}}
         print(f"\nhostlab ansible timings (s): {timings}")
@@ -216,6 +227,19 @@ def test_second_run_changes_nothing(lab_run):
     changed = {h: r["changed"] for h, r in run["recap"].items()}
     assert set(changed) == set(HOSTS) and all(c == 0 for c in changed.values()), (
         f"not idempotent: {changed}\n" + explain(run))
+
+
+def test_failure_budget_stops_gpu_rollout_only(lab_run):
+    run = lab_run["runs"]["budget"]
+    recap = run["recap"]
+    out = " ".join(run["stdout"].split())
+    assert recap[GPU1]["failed"] == 1, explain(run)
+    assert "expected 8 x H100" in out and "found 7" in out, explain(run)
+    # the second GPU batch never started the GPU play ...
+    assert recap[GPU2]["failed"] == 0, explain(run)
+    assert recap[GPU2]["ok"] < lab_run["runs"]["second"]["recap"][GPU2]["ok"], explain(run)
+    # ... while the host without GPUs went through all of its plays
+    assert recap[CPU1] == {**lab_run["runs"]["second"]["recap"][CPU1]}, explain(run)
 
 
 def test_token_never_logged(lab_run):

@@ -120,8 +120,8 @@ def test_disk_paths_match_the_cloud_packages():
     assert azure.ETCD_DISK_DEVICE == bootstrap.AZURE_ETCD_DEVICE
     aws = importlib.import_module("corral.infra.aws.etcd")
     assert aws.VOLUME_TAG == bootstrap.AWS_ETCD_VOLUME_TAG
-    gcp_sources = "\n".join(p.read_text() for p in (EXAMPLES.parent / "corral" / "infra" / "gcp").glob("*.py"))
-    assert f'"{bootstrap.GCP_ETCD_DEVICE_NAME}"' in gcp_sources
+    gcp = importlib.import_module("corral.infra.gcp.etcd")
+    assert gcp.ETCD_DEVICE_NAME == bootstrap.GCP_ETCD_DEVICE_NAME
 
 
 # --- API servers ----------------------------------------------------------------------
@@ -136,8 +136,8 @@ def api_server(cluster, index: int = 0):
 def test_first_api_server_inits_with_external_etcd_and_large_cluster_flags():
     jaguar = example("jaguar")  # Kubernetes 1.31: kubeadm v1beta4
     lay, files, commands = api_server(jaguar, 0)
-    kubeadm = docs(files["/etc/kubernetes/kubeadm/kubeadm.yaml"]["content"])
-    assert files["/etc/kubernetes/kubeadm/kubeadm.yaml"]["permissions"] == "0600"
+    kubeadm = docs(files["/etc/kubernetes/kubeadm/init.yaml"]["content"])
+    assert files["/etc/kubernetes/kubeadm/init.yaml"]["permissions"] == "0600"
     init = kubeadm["InitConfiguration"]
     assert init["apiVersion"] == "kubeadm.k8s.io/v1beta4"
     assert init["bootstrapTokens"][0]["token"] == TOKEN
@@ -157,8 +157,10 @@ def test_first_api_server_inits_with_external_etcd_and_large_cluster_flags():
     assert kubelet["serializeImagePulls"] is False
     assert kubelet["cgroupDriver"] == "systemd"
     script = files["/usr/local/sbin/corral-api-server"]["content"]
-    assert "kubeadm init --config /etc/kubernetes/kubeadm/kubeadm.yaml" in script
-    assert "kubeadm join" not in script
+    # Initialise only when no peer is up; a replacement first server joins instead.
+    init_at, join_at = script.index("kubeadm init --config /etc/kubernetes/kubeadm/init.yaml"), script.index("kubeadm join")
+    assert script.index('if [ -z "$ENDPOINT" ]') < init_at < script.index("exit 0") < join_at
+    assert docs(files["/etc/kubernetes/kubeadm/join.yaml"]["content"])["JoinConfiguration"]["controlPlane"]
     assert commands == ["/usr/local/sbin/corral-api-server"]
 
 
@@ -179,7 +181,7 @@ def test_pre_issued_keys_go_to_kubeadms_pki_dir():
 def test_events_override_points_at_the_events_members(cluster_variant):
     jaguar = cluster_variant("jaguar", {"members: 5 ": "members: 5\n    dedicatedEventsCluster: true "})
     lay, files, _ = api_server(jaguar)
-    cluster_config = docs(files["/etc/kubernetes/kubeadm/kubeadm.yaml"]["content"])["ClusterConfiguration"]
+    cluster_config = docs(files["/etc/kubernetes/kubeadm/init.yaml"]["content"])["ClusterConfiguration"]
     override = extra_args(cluster_config["apiServer"])["etcd-servers-overrides"]
     assert override == "/events#" + ";".join(f"https://{m.ip}:2379" for m in lay.events_members)
 
@@ -187,21 +189,23 @@ def test_events_override_points_at_the_events_members(cluster_variant):
 def test_other_api_servers_join_the_control_plane():
     heron = example("heron")  # Kubernetes 1.30: kubeadm v1beta3
     lay, files, _ = api_server(heron, 2)
-    join = docs(files["/etc/kubernetes/kubeadm/kubeadm.yaml"]["content"])
+    assert "/etc/kubernetes/kubeadm/init.yaml" not in files
+    join = docs(files["/etc/kubernetes/kubeadm/join.yaml"]["content"])
     assert set(join) == {"JoinConfiguration"}
     config = join["JoinConfiguration"]
     assert config["apiVersion"] == "kubeadm.k8s.io/v1beta3"
     assert config["controlPlane"]["localAPIEndpoint"]["advertiseAddress"] == lay.api_servers[2].ip
     assert config["discovery"]["bootstrapToken"]["caCertHashes"] == [DIGEST]
     script = files["/usr/local/sbin/corral-api-server"]["content"]
-    assert "kubeadm join --config" in script and "kubeadm init" not in script
+    assert "kubeadm join --config /etc/kubernetes/kubeadm/join.yaml" in script and "kubeadm init" not in script
     # Discovery through any peer already up, never through itself.
-    assert lay.api_servers[0].ip in script and lay.api_servers[2].ip not in script.split("for ip in")[1].split(";")[0]
+    peers = script.split("for ip in ")[1].split(";")[0].split()
+    assert peers == [lay.api_servers[0].ip, lay.api_servers[1].ip]
 
 
 def test_v1beta3_extra_args_are_a_map():
     _, files, _ = api_server(example("heron"), 0)
-    cluster_config = docs(files["/etc/kubernetes/kubeadm/kubeadm.yaml"]["content"])["ClusterConfiguration"]
+    cluster_config = docs(files["/etc/kubernetes/kubeadm/init.yaml"]["content"])["ClusterConfiguration"]
     assert isinstance(cluster_config["apiServer"]["extraArgs"], dict)
 
 
@@ -247,7 +251,7 @@ def test_coscheduling_profile_and_scheduler_image():
     _, files, _ = api_server(jaguar)
     patch = yaml.safe_load(files["/etc/kubernetes/patches/kube-scheduler+strategic.yaml"]["content"])
     assert patch["spec"]["containers"][0]["image"].startswith("registry.k8s.io/scheduler-plugins/kube-scheduler:v0.31.")
-    init = docs(files["/etc/kubernetes/kubeadm/kubeadm.yaml"]["content"])["InitConfiguration"]
+    init = docs(files["/etc/kubernetes/kubeadm/init.yaml"]["content"])["InitConfiguration"]
     assert init["patches"] == {"directory": "/etc/kubernetes/patches"}
     assert files["/etc/kubernetes/scheduler-config.yaml"]["content"] == render_scheduler_config(jaguar)
 
@@ -303,3 +307,30 @@ def test_cloud_init_stays_valid_yaml_with_awkward_values(cluster_variant):
     awkward = EtcdMemberTls(*(['a: "b" # c\n  - d: {e}\n'] * 5))
     files, _ = cloud_config(render_etcd_cloud_init(heron, lay.etcd_members[0], lay.etcd_members, awkward))
     assert files["/etc/etcd/pki/server.key"]["content"] == 'a: "b" # c\n  - d: {e}\n'
+
+
+@pytest.mark.parametrize("name", ["jaguar", "heron", "ibis"])
+def test_every_boot_script_is_valid_bash(name, tmp_path):
+    import subprocess
+
+    cluster = example(name)
+    lay = layout(cluster)
+    documents = [
+        render_etcd_cloud_init(cluster, lay.etcd_members[0], lay.etcd_members, ETCD_TLS),
+        render_api_server_cloud_init(cluster, lay, 0, CP_TLS, TOKEN, DIGEST),
+        render_api_server_cloud_init(cluster, lay, 1, CP_TLS, TOKEN, DIGEST),
+        render_pool_cloud_init(cluster, lay, cluster.cloud_pools[0], TOKEN, DIGEST),
+    ]
+    scripts = [
+        (path, file["content"])
+        for document in documents
+        for path, file in cloud_config(document)[0].items()
+        if file["content"].startswith("#!/bin/bash")
+    ]
+    # data disk + install etcd; per API server: node-prep, hairpin, its script; pool: node-prep, its script.
+    assert len(scripts) == 2 + 3 + 3 + 2
+    for number, (path, text) in enumerate(scripts):
+        script = tmp_path / f"{number}.sh"
+        script.write_text(text)
+        result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert result.returncode == 0, f"{path}: {result.stderr}"

@@ -8,6 +8,7 @@ cloud packages, as `corral plan` does.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -194,3 +195,43 @@ def test_pulumi_project_points_at_the_program():
         stack = YAML(typ="safe").load((ROOT / "stacks" / f"Pulumi.{name}.yaml").read_text())
         # Only provider settings: nothing of the cluster's shape.
         assert all(key.split(":")[0] in ("azure-native", "aws", "gcp", "corral") for key in stack["config"])
+
+
+def test_plan_records_parent_protect_and_retain_from_the_wire(fake_plan):
+    """MockResourceArgs has neither; the plan reads them off each RegisterResource request."""
+    plan = fake_plan(example("heron"))
+    by_name = {r["name"]: r for r in plan.resources}
+    disk, vm, etcd = by_name["heron-etcd-0-data"], by_name["heron-etcd-0"], by_name["heron-etcd"]
+    assert (disk["parent"], disk["protect"], disk["retainOnDelete"]) == ("heron-etcd", True, True)
+    assert (vm["parent"], vm["protect"], vm["retainOnDelete"]) == ("heron-etcd", False, False)
+    assert (etcd["type"], etcd["parent"], etcd["component"]) == ("corral:fake:Etcd", None, "heron-etcd")
+    assert by_name["kubernetes-ca"]["parent"] == "heron-pki"
+    assert disk["inputs"] == {"iops": 16000, "sizeGiB": 256, "type": "io2", "zone": "us-west-2a"}
+    # Sorted: by component, the component first, then by type and name.
+    keys = [(r["component"], r["name"] != r["component"], r["type"], r["name"]) for r in plan.resources]
+    assert keys == sorted(keys)
+
+
+def test_corral_plan_table_groups_by_component():
+    result = subprocess.run(
+        [sys.executable, "-m", "corral", "plan", "heron", "--clusters", str(EXAMPLES)],
+        cwd=ROOT, capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"},
+    )
+    assert result.returncode == 0, result.stderr
+    for heading in ("heron-pki (", "heron-etcd (", "heron-network (", "heron-apiservers (", "heron-nodepools ("):
+        assert heading in result.stdout
+    volume_rows = [line for line in result.stdout.splitlines() if "heron-etcd-0-data" in line and "Volume" in line]
+    assert volume_rows and "protect+retain" in volume_rows[0] and "iops=16000" in volume_rows[0]
+    assert "bootstrapToken: [secret]" in result.stdout
+
+
+def test_cli_and_scheduler_config_do_not_import_pulumi():
+    """`corral validate` (and a manifests module reusing the scheduler config) stay free of cloud SDKs."""
+    code = (
+        "import sys\n"
+        "import corral.cli\n"
+        "from corral.infra.bootstrap import render_scheduler_config\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0].startswith('pulumi')))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

@@ -87,3 +87,12 @@ def test_ignored_failures_do_not_count():
     event["event_data"]["ignore_errors"] = True
     tracker(event)
     assert tracker.report.hosts["a"].failed == 0
+
+
+def test_a_host_no_task_ran_on_is_not_reported_ok():
+    tracker = EventTracker(["a", "b"])
+    tracker(_event("runner_on_ok", "a"))
+    tracker({"event": "playbook_on_stats", "event_data": {"ok": {"a": 1}}})
+    assert tracker.report.hosts["a"].status == "ok"
+    assert tracker.report.hosts["b"].status == "not run"
+    assert not tracker.report.succeeded

@@ -1,0 +1,132 @@
+"""A small cluster whose on-prem pool is throwaway lab hosts, for `corral join`.
+
+Shared by the real-host join test and `benchmarks/bench_join.py`: it writes
+a cluster file whose hosts are lab hosts, an extra-vars file pointing the
+roles at the lab's signed apt repository of test fakes (what a site's mirror
+would be), join material, and the environment that lets Ansible reach the
+hosts by name through an ssh config.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from corral.util import write_atomic
+
+TOKEN = "kst7ab.0123456789abcdef"
+CA_HASH = "sha256:" + "0123456789abcdef" * 4
+KEY_ON_HOST = "/etc/corral-test/site-mirror-key.asc"
+CLUSTER = "kestrel"
+
+
+def host_names(gpu: int, cpu: int, prefix: str = "jn") -> tuple[list[str], list[str]]:
+    return ([f"{prefix}-gpu-{i:03d}.sf1.internal" for i in range(1, gpu + 1)],
+            [f"{prefix}-cpu-{i:03d}.sf1.internal" for i in range(1, cpu + 1)])
+
+
+def cluster_text(site_cidr: str, gpu_hosts: list[str], cpu_hosts: list[str]) -> str:
+    pools = []
+    if gpu_hosts:
+        pools.append(f"""  - name: gpu-h100
+    provider: onprem
+    site: sf1
+    hosts: {json.dumps(gpu_hosts)}
+    gpu: {{model: H100, count: 8, driver: "550.127.05", fabricManager: true}}
+    # The lab hosts' only NIC; a container has no RDMA, so the role persists
+    # the QoS settings and skips applying them.
+    roce: {{interfaces: [host0], mtu: 9000, pfcPriority: 3, dscp: 26, ecn: true}}
+""")
+    if cpu_hosts:
+        pools.append(f"""  - name: cpu-edge
+    provider: onprem
+    site: sf1
+    hosts: {json.dumps(cpu_hosts)}
+""")
+    return f"""apiVersion: corral.dev/v1
+kind: Cluster
+name: {CLUSTER}
+kubernetes: {{version: "1.31.4", podCIDR: 10.128.0.0/14, serviceCIDR: 10.96.0.0/16}}
+controlPlane:
+  cloud: azure
+  region: eastus2
+  zones: ["1", "2", "3"]
+  networkCIDR: 10.200.0.0/20
+  apiServers: {{count: 3, machineType: Standard_D8s_v5}}
+  etcd: {{members: 3, machineType: Standard_E8s_v5}}
+sites:
+  - name: sf1
+    cidrs: [{site_cidr}]
+    vpn: {{peerAddress: 203.0.113.10, bgpASN: 65010}}
+network:
+  # The lab's veth has MTU 1500: 1500 - 50 bytes of VXLAN.
+  flannel: {{backend: vxlan, directRouting: true, mtu: 1450}}
+scheduling:
+  teams:
+    - {{name: robotics, namespaces: [robotics], reservedPools: [{"gpu-h100" if gpu_hosts else "cpu-edge"}]}}
+nodePools:
+{"".join(pools)}"""
+
+
+@dataclass
+class JoinSetup:
+    clusters: Path
+    outputs: Path
+    extra_vars: Path
+    runs_dir: Path
+    env: dict[str, str]
+
+
+def prepare(lab, repo, hosts, workdir: Path, gpu_hosts: list[str], cpu_hosts: list[str]) -> JoinSetup:
+    """Write the cluster file, outputs, site overrides; put the repo key on each host."""
+    clusters = workdir / "clusters"
+    clusters.mkdir(exist_ok=True)
+    write_atomic(clusters / f"{CLUSTER}.yaml", cluster_text(str(lab.config.network), gpu_hosts, cpu_hosts))
+    outputs = workdir / "outputs.json"
+    outputs.write_text(json.dumps({"apiEndpoint": "10.200.0.5:6443", "bootstrapToken": TOKEN,
+                                   "caCertHash": CA_HASH}))
+    outputs.chmod(0o600)
+    for host in hosts:
+        key = host.path(KEY_ON_HOST)
+        key.parent.mkdir(parents=True, exist_ok=True)
+        key.write_text(repo.key_armored)
+    extra = workdir / "site-mirror.json"
+    key_url = f"file://{KEY_ON_HOST}"
+    extra.write_text(json.dumps({
+        # What a data centre's mirror would serve, here the lab's fake repos.
+        "corral_nvidia_repo_url": repo.url("cuda"),
+        "corral_nvidia_repo_key_url": key_url,
+        "corral_nvidia_container_toolkit_repo_url": repo.url("nvidia-container-toolkit"),
+        "corral_nvidia_container_toolkit_repo_key_url": key_url,
+        "corral_kubernetes_repo_url": repo.url("kubernetes-v1.31"),
+        "corral_kubernetes_repo_key_url": key_url,
+        "corral_apt_mirror": None,
+    }))
+    ssh_config = lab.write_ssh_config(workdir / "ssh_config", hosts=hosts)
+    env = lab.ansible_env()
+    env.update({
+        # Reach hosts by their inventory (DNS-like) names through the ssh config.
+        "ANSIBLE_SSH_ARGS": f"-F {ssh_config} -o ControlMaster=auto -o ControlPersist=120s",
+        "ANSIBLE_REMOTE_USER": "root",
+        # Fresh fact cache: a host re-created under an old name has new facts.
+        "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(workdir / "facts"),
+        "ANSIBLE_LOCAL_TEMP": str(workdir / "ansible-tmp"),
+    })
+    return JoinSetup(clusters, outputs, extra, workdir / "runs", env)
+
+
+def corral_join_argv(setup: JoinSetup, *extra: str) -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "corral", "join", CLUSTER, "--clusters", str(setup.clusters),
+            "--outputs", str(setup.outputs), "--extra-vars", str(setup.extra_vars),
+            "--runs-dir", str(setup.runs_dir), *extra]
+
+
+def env_with(setup: JoinSetup) -> dict[str, str]:
+    env = dict(setup.env)
+    env.setdefault("COLUMNS", "200")
+    env.pop("CORRAL_CLUSTERS", None)
+    return {k: v for k, v in env.items() if isinstance(v, str)} | {"PATH": os.environ["PATH"]}

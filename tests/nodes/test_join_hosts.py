@@ -1,0 +1,191 @@
+"""`corral join` end to end on real throwaway hosts (systemd-nspawn, tests/hostlab).
+
+Three GPU hosts and one CPU host are joined from a cluster file through the
+real CLI, ansible-runner and the roles; packages come from the lab's signed
+apt repository of test fakes (NVIDIA driver, toolkit, kubeadm, kubelet). Then:
+the hosts' state is checked with testinfra, a second run must change nothing,
+`--check` must change nothing, and a host taken away mid-run must not stop the
+others and must be named in the report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+
+import pytest
+
+pytest.importorskip("testinfra")
+import testinfra  # noqa: E402
+
+from tests.hostlab.fixtures import hostlab, hostlab_repo, hostlab_repo_factory  # noqa: E402,F401
+
+from . import joinlab  # noqa: E402
+
+pytestmark = pytest.mark.hostlab
+
+GPU_HOSTS, CPU_HOSTS = joinlab.host_names(gpu=3, cpu=1)
+ALL_HOSTS = GPU_HOSTS + CPU_HOSTS
+
+
+def run_cli(setup, *extra, timeout=1800):
+    result = subprocess.run(joinlab.corral_join_argv(setup, *extra), env=joinlab.env_with(setup),
+                            capture_output=True, text=True, timeout=timeout)
+    return result
+
+
+def recap(stdout: str) -> dict[str, dict[str, str]]:
+    """Rows of the final per-host table: host -> {status, ok, changed, failed}."""
+    rows = {}
+    for line in stdout.splitlines():
+        cells = [c.strip() for c in line.split("│")]
+        if len(cells) >= 7 and cells[1] in ALL_HOSTS:
+            rows[cells[1]] = {"status": cells[2], "ok": cells[3], "changed": cells[4], "failed": cells[5],
+                              "detail": cells[6]}
+    return rows
+
+
+@pytest.fixture(scope="module")
+def joined(hostlab, hostlab_repo, tmp_path_factory):
+    lab = hostlab
+    workdir = tmp_path_factory.mktemp("corral-join")
+    hosts = lab.boot(ALL_HOSTS)
+    try:
+        setup = joinlab.prepare(lab, hostlab_repo, hosts, workdir, GPU_HOSTS, CPU_HOSTS)
+        first = run_cli(setup)
+        yield {"lab": lab, "hosts": {h.name: h for h in hosts}, "setup": setup, "first": first}
+    finally:
+        for host in hosts:
+            try:
+                lab.remove_host(host)
+            except Exception as exc:  # keep removing the others
+                print(f"could not remove {host.name}: {exc}")
+
+
+@pytest.fixture(scope="module")
+def infra(joined):
+    config = joined["setup"].env["ANSIBLE_SSH_ARGS"].split()[1]
+    return {name: testinfra.get_host(f"ssh://{name}", ssh_config=config) for name in ALL_HOSTS}
+
+
+def test_first_join_succeeds_on_every_host(joined):
+    first = joined["first"]
+    assert first.returncode == 0, first.stdout + first.stderr
+    rows = recap(first.stdout)
+    assert set(rows) == set(ALL_HOSTS)
+    assert all(row["status"] == "changed" for row in rows.values()), rows
+    assert "4 of 4 hosts ok" in first.stdout
+
+
+def test_nodes_are_joined_with_the_pools_labels_and_taints(joined, infra):
+    for name in GPU_HOSTS:
+        host = infra[name]
+        assert host.file("/etc/kubernetes/kubelet.conf").exists
+        config = host.file("/etc/kubernetes/kubeadm-join.yaml")
+        assert config.mode == 0o600
+        text = config.content_string
+        assert "kind: JoinConfiguration" in text and "10.200.0.5:6443" in text
+        assert "corral.dev/pool=gpu-h100" in text and "corral.dev/gpu-model=H100" in text
+        assert "corral.dev/team" in text and "robotics" in text
+        assert host.service("kubelet").is_enabled
+    cpu = infra[CPU_HOSTS[0]].file("/etc/kubernetes/kubeadm-join.yaml").content_string
+    assert "corral.dev/pool=cpu-edge" in cpu and "nvidia.com/gpu" not in cpu
+
+
+def test_gpu_hosts_have_the_pinned_driver_and_nvidia_runtime(infra):
+    for name in GPU_HOSTS:
+        host = infra[name]
+        driver = host.package("nvidia-driver")
+        assert driver.is_installed and driver.version == "550.127.05-1"
+        assert host.package("nvidia-fabricmanager-550").is_installed
+        holds = host.check_output("apt-mark showhold").split()
+        assert {"nvidia-driver", "kubelet", "kubeadm"} <= set(holds)
+        gpus = host.check_output("nvidia-smi --query-gpu=name --format=csv,noheader").splitlines()
+        assert len(gpus) == 8 and all("H100" in g for g in gpus)
+        config = host.file("/etc/containerd/config.toml").content_string
+        assert 'default_runtime_name = "nvidia"' in config and "SystemdCgroup = true" in config
+        assert host.service("nvidia-persistenced").is_enabled
+        assert host.service("containerd").is_running
+    cpu = infra[CPU_HOSTS[0]]
+    assert not cpu.package("nvidia-driver").is_installed
+    assert 'default_runtime_name = "nvidia"' not in cpu.file("/etc/containerd/config.toml").content_string
+
+
+def test_kernel_settings_are_persisted(infra):
+    for name in ALL_HOSTS:
+        host = infra[name]
+        assert host.sysctl("net.ipv4.ip_forward") == 1
+        sysctl_d = host.check_output("cat /etc/sysctl.d/*.conf")
+        assert "net.ipv4.neigh.default.gc_thresh3" in sysctl_d
+        assert "br_netfilter" in host.check_output("cat /etc/modules-load.d/*.conf")
+
+
+def test_second_run_changes_nothing(joined):
+    second = run_cli(joined["setup"])
+    assert second.returncode == 0, second.stdout + second.stderr
+    rows = recap(second.stdout)
+    assert set(rows) == set(ALL_HOSTS)
+    assert all(row["changed"] == "0" and row["status"] == "ok" for row in rows.values()), rows
+
+
+def test_check_mode_on_healthy_hosts_changes_nothing(joined):
+    check = run_cli(joined["setup"], "--check")
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert all(row["changed"] == "0" for row in recap(check.stdout).values())
+
+
+def test_the_token_stays_out_of_artifacts(joined):
+    setup = joined["setup"]
+    for path in setup.runs_dir.rglob("*"):
+        if path.is_file():
+            assert joinlab.TOKEN not in path.read_text(errors="ignore"), path
+
+
+def test_a_host_taken_away_mid_run_does_not_stop_the_others(joined):
+    """Stop one host once the others are under way; they finish, it is named."""
+    from corral.model import load_cluster
+    from corral.nodes.join import join_material, run_join
+
+    setup = joined["setup"]
+    victim = joined["hosts"][GPU_HOSTS[-1]]
+    cluster = load_cluster(setup.clusters / f"{joinlab.CLUSTER}.yaml")
+    stopped = threading.Event()
+
+    def take_victim_away(report):
+        # Once the first host has finished a few tasks, the run is under way.
+        if not stopped.is_set() and report.hosts[GPU_HOSTS[0]].ok >= 3:
+            stopped.set()
+            threading.Thread(target=victim.stop, daemon=True).start()
+
+    saved = dict(os.environ)
+    os.environ.update(setup.env)
+    try:
+        report = run_join(cluster, join_material(joinlab.CLUSTER, setup.outputs), ALL_HOSTS,
+                          runs_dir=setup.runs_dir, extra_vars=[setup.extra_vars], on_update=take_victim_away)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        victim.start()
+    assert stopped.is_set()
+    assert report.hosts[victim.name].status == "unreachable", json.dumps(report.hosts[victim.name].__dict__)
+    assert report.hosts[victim.name].message
+    for name in ALL_HOSTS:
+        if name != victim.name:
+            assert report.hosts[name].status == "ok", (name, report.hosts[name])
+    assert not report.succeeded
+
+
+def test_cli_exit_code_and_report_when_a_host_is_unreachable(joined):
+    victim = joined["hosts"][CPU_HOSTS[0]]
+    victim.stop()
+    try:
+        result = run_cli(joined["setup"])
+    finally:
+        victim.start()
+    assert result.returncode == 1
+    rows = recap(result.stdout)
+    assert rows[victim.name]["status"] == "unreachable"
+    assert all(rows[n]["status"] == "ok" for n in GPU_HOSTS)
+    assert "3 of 4 hosts ok" in result.stdout
