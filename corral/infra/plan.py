@@ -21,7 +21,12 @@ RegisterResource request (the wire message the real engine gets), then lets
 the mock monitor answer as usual.
 
 Runs are deterministic: mock ids are `<name>-id`, computed outputs are
-left unknown (a preview), and resources are sorted by component, type and name.
+left unknown (a preview, as `pulumi preview` shows them), and resources are
+sorted by component, type and name. Values derived from unknowns (the
+machines' user data) are unknown too; the program renders every kind of
+user data once with placeholders up front (`bootstrap.check_renders`), so
+template errors still fail the plan. Stack settings come from
+stacks/Pulumi.<cluster>.yaml, as `pulumi up` would read them.
 
 Secret masking, in layers: anything Pulumi marks secret (pulumi-tls private
 keys, `Output.secret`, additional secret outputs) is masked where it appears;
@@ -299,7 +304,7 @@ def read_stack_config(path: Path | None) -> tuple[dict[str, str], list[str]]:
         data = YAML(typ="safe").load(path.read_text()) or {}
     except Exception as err:  # noqa: BLE001  (any YAML error becomes one message)
         raise PlanError(f"cannot read stack settings {path}: {err}") from None
-    config = data.get("config") or {} if isinstance(data, dict) else {}
+    config = (data.get("config") or {}) if isinstance(data, dict) else {}
     values: dict[str, str] = {}
     secret_keys: list[str] = []
     for key, value in config.items():
