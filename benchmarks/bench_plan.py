@@ -38,6 +38,8 @@ HOSTS_LINE = 'hosts: ["gpu-[001:064].sf1.internal"]'
 POOL_MAX = "maxSize: 200"
 NETWORK = "networkCIDR: 10.200.0.0/20"
 WIDE_NETWORK = "networkCIDR: 10.200.0.0/16"
+# 7,500 nodes need 7,500 /24s of pod network: a /11.
+POD_NETWORK, WIDE_POD_NETWORK = "podCIDR: 10.128.0.0/14", "podCIDR: 10.128.0.0/11"
 ETCD_MEMBERS = "members: 5 "
 
 
@@ -78,13 +80,13 @@ def hosts(count: int) -> str:
 
 
 def pinned(events: bool) -> dict[str, str]:
-    return {NETWORK: WIDE_NETWORK, ETCD_MEMBERS: f"members: 5\n    dedicatedEventsCluster: {str(events).lower()} "}
+    return {NETWORK: WIDE_NETWORK, POD_NETWORK: WIDE_POD_NETWORK, ETCD_MEMBERS: f"members: 5\n    dedicatedEventsCluster: {str(events).lower()} "}
 
 
 CASES = [
     ("on-prem hosts 100", {**pinned(False), HOSTS_LINE: hosts(100)}),
     ("on-prem hosts 7,500", {**pinned(False), HOSTS_LINE: hosts(7_428)}),  # + 72 in the other pools
-    ("on-prem hosts 7,500, events etcd default", {NETWORK: WIDE_NETWORK, HOSTS_LINE: hosts(7_428)}),
+    ("on-prem hosts 7,500, events etcd default", {NETWORK: WIDE_NETWORK, POD_NETWORK: WIDE_POD_NETWORK, HOSTS_LINE: hosts(7_428)}),
     ("pool max 10", {**pinned(False), POOL_MAX: "maxSize: 10"}),
     ("pool max 5,000", {**pinned(False), POOL_MAX: "maxSize: 5000"}),
 ]

@@ -38,7 +38,7 @@ def cluster_text(index: int, listed: bool) -> str:
     return f"""apiVersion: corral.dev/v1
 kind: Cluster
 name: {name}
-kubernetes: {{version: "1.31.4"}}
+kubernetes: {{version: "1.31.4", podCIDR: 10.128.0.0/11}}
 controlPlane:
   cloud: azure
   region: eastus2

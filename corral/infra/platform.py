@@ -29,7 +29,9 @@ classes, with these constructor signatures and attributes:
         + autoscaler), named `node_group_name(cluster, pool)`, with min/max
         from the pool, cluster-autoscaler discovery tags, and
         `user_data[pool.name]` (its cloud-init: the shared JoinConfiguration
-        with the pool's labels and taints).
+        with the pool's labels and taints). Attribute `cloud_settings`: what
+        the cluster-autoscaler must be told about the cloud (Azure:
+        ARM_SUBSCRIPTION_ID, ARM_RESOURCE_GROUP; GCP: GCP_PROJECT; AWS: none).
 
     HybridLink(name, ctx, network, shared_keys, opts=None)
         A site-to-site VPN to every site with `vpn` (`shared_keys[site]` is
@@ -78,3 +80,19 @@ class ClusterContext:
 
 
 COMPONENTS = ("Network", "Etcd", "ApiServers", "NodePools", "HybridLink")
+
+
+_warned: set[tuple[int, str]] = set()
+
+
+def warn_once(message: str) -> None:
+    """A Pulumi warning, once per program run (a plan or `pulumi up`), not once
+    per process: `corral plan` may run several stacks in one process, and each
+    plan must carry its own warnings whatever ran before it."""
+    import pulumi
+    from pulumi.runtime.settings import get_monitor
+
+    key = (id(get_monitor()), message)
+    if key not in _warned:
+        _warned.add(key)
+        pulumi.log.warn(message)

@@ -14,7 +14,8 @@ Pulumi's mocks (`plan.py`). It:
    Network, Etcd (twice with a dedicated events cluster), ApiServers,
    NodePools (when the cluster has cloud pools) and HybridLink (when a site
    has a VPN);
-4. exports the stack outputs (`outputs.py`).
+4. exports the stack outputs (`outputs.py`) and applies the add-ons
+   (`addons.py`) once the API servers answer.
 
 Per-stack settings (provider region, subscription, project) are stack
 config in `stacks/Pulumi.<cluster>.yaml`, read by the cloud packages.
@@ -106,6 +107,7 @@ class Deployment:
     node_pools: Any | None
     hybrid_link: Any | None
     outputs: dict[str, Any] = field(default_factory=dict)
+    addons: Any | None = None
 
 
 def build(cluster: Cluster, platform: ModuleType | None = None) -> Deployment:
@@ -132,6 +134,15 @@ def build(cluster: Cluster, platform: ModuleType | None = None) -> Deployment:
     )
     deployment = Deployment(ctx, pki, user_data, network, etcd, events_etcd, api_servers, node_pools, hybrid_link)
     deployment.outputs = outputs.stack_outputs(ctx, pki, hybrid_link.sites if hybrid_link else None)
+    # The add-ons (CNI, device plugin, autoscaler, policy, monitoring), applied
+    # once the API answers; see docs/addons.md for why here and not at boot.
+    from .addons import Addons
+
+    deployment.addons = Addons(
+        name("addons"), ctx, deployment.outputs["adminKubeconfig"],
+        cloud_settings=node_pools.cloud_settings if node_pools else None,
+        opts=pulumi.ResourceOptions(depends_on=[api_servers]),
+    )
     return deployment
 
 

@@ -50,6 +50,7 @@ def check_cluster(cluster: Cluster) -> list[Finding]:
         *_control_plane(cluster),
         *_etcd_disk(cluster),
         *_networks(cluster),
+        *_pod_network_size(cluster),
         *_sites(cluster),
         *_pools(cluster),
         *_network_settings(cluster),
@@ -158,6 +159,22 @@ def _networks(cluster: Cluster) -> Iterator[Finding]:
             path_b, what_b, net_b = nets[b]
             if net_a.version == net_b.version and net_a.overlaps(net_b):
                 yield path_b, f"{net_b} overlaps {what_a} {net_a}"
+
+
+# Each node gets a /24 of the pod network (flannel's SubnetLen and the
+# controller manager's --node-cidr-mask-size default): 254 pods per node.
+NODE_POD_PREFIX = 24
+
+
+def _pod_network_size(cluster: Cluster) -> Iterator[Finding]:
+    pods = ipaddress.ip_network(cluster.kubernetes.pod_cidr)
+    room = 2 ** max(0, NODE_POD_PREFIX - pods.prefixlen) if pods.version == 4 else None
+    if room is not None and cluster.node_capacity > room:
+        wanted = NODE_POD_PREFIX - max(1, (cluster.node_capacity - 1).bit_length())
+        yield ("kubernetes", "podCIDR"), (
+            f"{pods} gives {room:,} nodes a /{NODE_POD_PREFIX} each, but the cluster may have "
+            f"{cluster.node_capacity:,} nodes; use a /{wanted} or larger"
+        )
 
 
 def _sites(cluster: Cluster) -> Iterator[Finding]:

@@ -31,17 +31,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ANSIBLE_DIR
+REPO = Path(__file__).resolve().parents[2]
+ANSIBLE_DIR = REPO / "ansible"
 
 pytestmark = pytest.mark.hostlab
 
-pytest.importorskip("tests.hostlab.fixtures", reason="tests/hostlab is not available")
 testinfra = pytest.importorskip("testinfra", reason="pytest-testinfra is not installed")
 
-# The lab's session fixtures: `hostlab` (skips with the lab's reason when the
-# machine cannot run it) and `hostlab_repo` (fake NVIDIA/k8s repos: driver
-# 550.127.05 with 8 x "NVIDIA H100 80GB HBM3", toolkit 1.17.3, k8s 1.31.4).
-from tests.hostlab.fixtures import hostlab, hostlab_repo, hostlab_repo_factory  # noqa: E402,F401
+# The lab's session fixtures come from tests/conftest.py
+# (pytest_plugins = ["tests.hostlab.conftest_plugin"]): `hostlab` (skips with
+# the lab's reason when the machine cannot run it) and `hostlab_repo` (fake
+# NVIDIA/k8s repos: driver 550.127.05 with 8 x "NVIDIA H100 80GB HBM3",
+# toolkit 1.17.3, k8s 1.31.4). Not imported here: a second definition would
+# start a second lab on the same bridge in one session.
 
 DRIVER = "550.127.05"
 K8S = "1.31.4"
@@ -49,19 +51,31 @@ TOKEN = "abcdef.0123456789abcdef"
 CA_HASH = "sha256:" + "0123456789abcdef" * 4
 # Machine names (first DNS label) are global on this machine (veth names):
 # an "rl-" prefix keeps them apart from other suites' hosts.
-GPU1, GPU2, CPU1 = "rl-gpu-001.sf1.internal", "rl-gpu-002.sf1.internal", "rl-cpu-001.sf1.internal"
+GPU1, GPU2, CPU1 = (
+    "rl-gpu-001.sf1.internal",
+    "rl-gpu-002.sf1.internal",
+    "rl-cpu-001.sf1.internal",
+)
 HOSTS = {
-    GPU1: {"groups": ["onprem_nodes", "gpu_nodes", "roce_nodes", "site_sf1", "pool_h100"]},
+    GPU1: {
+        "groups": ["onprem_nodes", "gpu_nodes", "roce_nodes", "site_sf1", "pool_h100"]
+    },
     GPU2: {"groups": ["onprem_nodes", "gpu_nodes", "site_sf1", "pool_h100"]},
     CPU1: {"groups": ["onprem_nodes", "site_sf1", "pool_cpu"]},
 }
-RECAP = re.compile(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
+RECAP = re.compile(
+    r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)",
+    re.MULTILINE,
+)
 
 
 def pool_vars(pool: str, gpu: bool) -> dict:
-    labels = {"corral.dev/site": "sf1", "corral.dev/pool": pool,
-              "corral.dev/gpu-model": "H100" if gpu else None,
-              "corral.dev/roce": "true" if gpu else "false"}
+    labels = {
+        "corral.dev/site": "sf1",
+        "corral.dev/pool": pool,
+        "corral.dev/gpu-model": "H100" if gpu else None,
+        "corral.dev/roce": "true" if gpu else "false",
+    }
     return {
         "corral_pool": pool,
         "corral_gpu_model": "H100" if gpu else None,
@@ -70,11 +84,19 @@ def pool_vars(pool: str, gpu: bool) -> dict:
         "corral_nvidia_fabricmanager": gpu,
         # host0 exists but the container has no RDMA: persisted, apply skipped.
         "corral_roce_interfaces": ["host0"] if gpu else [],
-        "corral_roce_mtu": 9000, "corral_roce_pfc_priority": 3, "corral_roce_dscp": 26,
+        "corral_roce_mtu": 9000,
+        "corral_roce_pfc_priority": 3,
+        "corral_roce_dscp": 26,
         "corral_roce_ecn": True,
         "corral_node_labels": labels,
-        "corral_node_taints": ([{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
-                                {"key": "corral.dev/preflight", "effect": "NoSchedule"}] if gpu else []),
+        "corral_node_taints": (
+            [
+                {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+                {"key": "corral.dev/preflight", "effect": "NoSchedule"},
+            ]
+            if gpu
+            else []
+        ),
     }
 
 
@@ -84,22 +106,26 @@ def inventory(lab, repo, key_path: str) -> dict:
     for name, spec in HOSTS.items():
         for g in spec["groups"]:
             groups.setdefault(g, []).append(name)
-    inv = lab.inventory_data(hosts, groups=groups, vars={
-        # cluster
-        "corral_cluster_name": "jaguar",
-        "corral_kubernetes_version": K8S,
-        "corral_pod_cidr": "10.244.0.0/16",
-        "corral_service_cidr": "10.96.0.0/12",
-        "corral_flannel_backend": "vxlan",
-        "corral_flannel_direct_routing": True,
-        # the lab's veth has MTU 1500: 1500 - 50 VXLAN overhead
-        "corral_flannel_mtu": 1450,
-        "corral_flannel_port": 8472,
-        "corral_flannel_vni": 1,
-        "corral_arp_gc_thresh1": 80000,
-        "corral_arp_gc_thresh2": 90000,
-        "corral_arp_gc_thresh3": 100000,
-    })
+    inv = lab.inventory_data(
+        hosts,
+        groups=groups,
+        vars={
+            # cluster
+            "corral_cluster_name": "jaguar",
+            "corral_kubernetes_version": K8S,
+            "corral_pod_cidr": "10.244.0.0/16",
+            "corral_service_cidr": "10.96.0.0/12",
+            "corral_flannel_backend": "vxlan",
+            "corral_flannel_direct_routing": True,
+            # the lab's veth has MTU 1500: 1500 - 50 VXLAN overhead
+            "corral_flannel_mtu": 1450,
+            "corral_flannel_port": 8472,
+            "corral_flannel_vni": 1,
+            "corral_arp_gc_thresh1": 80000,
+            "corral_arp_gc_thresh2": 90000,
+            "corral_arp_gc_thresh3": 100000,
+        },
+    )
     children = inv["all"]["children"]
     children["site_sf1"]["vars"] = {
         "corral_site": "sf1",
@@ -110,7 +136,9 @@ def inventory(lab, repo, key_path: str) -> dict:
         # key is a file on each host (what a site would put on its mirror).
         "corral_nvidia_repo_url": repo.url("cuda"),
         "corral_nvidia_repo_key_url": f"file://{key_path}",
-        "corral_nvidia_container_toolkit_repo_url": repo.url("nvidia-container-toolkit"),
+        "corral_nvidia_container_toolkit_repo_url": repo.url(
+            "nvidia-container-toolkit"
+        ),
         "corral_nvidia_container_toolkit_repo_key_url": f"file://{key_path}",
         "corral_kubernetes_repo_url": repo.url("kubernetes-v1.31"),
         "corral_kubernetes_repo_key_url": f"file://{key_path}",
@@ -120,24 +148,61 @@ def inventory(lab, repo, key_path: str) -> dict:
     return inv
 
 
-def run_playbook(workdir: Path, inventory_path: Path, *extra: str, timeout: float = 1800) -> dict:
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ANSIBLE_DIR / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0",
-               ANSIBLE_NOCOLOR="1", ANSIBLE_CACHE_PLUGIN_CONNECTION=str(workdir / "facts"),
-               ANSIBLE_LOCAL_TEMP=str(workdir / "tmp"))
-    argv = ["ansible-playbook", "-i", str(inventory_path), "playbooks/join.yml",
-            "-e", f"@{workdir / 'join-material.yml'}", *extra]
+def run_playbook(
+    workdir: Path, inventory_path: Path, *extra: str, timeout: float = 1800
+) -> dict:
+    env = dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(ANSIBLE_DIR / "ansible.cfg"),
+        ANSIBLE_FORCE_COLOR="0",
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_CACHE_PLUGIN_CONNECTION=str(workdir / "facts"),
+        ANSIBLE_LOCAL_TEMP=str(workdir / "tmp"),
+    )
+    argv = [
+        "ansible-playbook",
+        "-i",
+        str(inventory_path),
+        "playbooks/join.yml",
+        "-e",
+        f"@{workdir / 'join-material.yml'}",
+        *extra,
+    ]
     t0 = time.monotonic()
-    res = subprocess.run(argv, cwd=ANSIBLE_DIR, env=env, capture_output=True, text=True, timeout=timeout)
+    res = subprocess.run(
+        argv,
+        cwd=ANSIBLE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
     wall = time.monotonic() - t0
-    recap = {m[0]: {"ok": int(m[1]), "changed": int(m[2]), "unreachable": int(m[3]), "failed": int(m[4])}
-             for m in RECAP.findall(res.stdout)}
-    return {"rc": res.returncode, "stdout": res.stdout, "stderr": res.stderr, "wall": wall, "recap": recap,
-            "argv": argv}
+    recap = {
+        m[0]: {
+            "ok": int(m[1]),
+            "changed": int(m[2]),
+            "unreachable": int(m[3]),
+            "failed": int(m[4]),
+        }
+        for m in RECAP.findall(res.stdout)
+    }
+    return {
+        "rc": res.returncode,
+        "stdout": res.stdout,
+        "stderr": res.stderr,
+        "wall": wall,
+        "recap": recap,
+        "argv": argv,
+    }
 
 
 def explain(run: dict) -> str:
-    return (f"$ {' '.join(run['argv'])}\nrc={run['rc']} wall={run['wall']:.1f}s recap={run['recap']}\n"
-            f"--- stdout (tail) ---\n{run['stdout'][-20000:]}\n--- stderr ---\n{run['stderr'][-5000:]}")
+    return (
+        f"$ {' '.join(run['argv'])}\nrc={run['rc']} wall={run['wall']:.1f}s recap={run['recap']}\n"
+        f"--- stdout (tail) ---\n{run['stdout'][-20000:]}\n--- stderr ---\n{run['stderr'][-5000:]}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -156,14 +221,21 @@ def lab_run(hostlab, hostlab_repo, tmp_path_factory):
         inv_path = workdir / "inventory.yml"
         inv_path.write_text(json.dumps(inventory(lab, repo, key_path), indent=2))
         material = workdir / "join-material.yml"
-        material.write_text(yaml.safe_dump({
-            "corral_join_api_endpoint": "10.200.0.4:6443",
-            "corral_join_token": TOKEN,
-            "corral_join_ca_cert_hashes": [CA_HASH],
-        }))
+        material.write_text(
+            yaml.safe_dump(
+                {
+                    "corral_join_api_endpoint": "10.200.0.4:6443",
+                    "corral_join_token": TOKEN,
+                    "corral_join_ca_cert_hashes": [CA_HASH],
+                }
+            )
+        )
         material.chmod(0o600)
         runs = {"check": run_playbook(workdir, inv_path, "--check", "--diff")}
-        check_untouched = {h.name: not h.path("/etc/sysctl.d/90-corral-node.conf").exists() for h in hosts}
+        check_untouched = {
+            h.name: not h.path("/etc/sysctl.d/90-corral-node.conf").exists()
+            for h in hosts
+        }
         runs["first"] = run_playbook(workdir, inv_path)
         runs["second"] = run_playbook(workdir, inv_path)
         # Failure budget: the first GPU batch fails its GPU check (the fake
@@ -173,35 +245,71 @@ def lab_run(hostlab, hostlab_repo, tmp_path_factory):
         gpus.parent.mkdir(parents=True, exist_ok=True)
         gpus.write_text("model=NVIDIA H100 80GB HBM3\ncount=7\n")
         try:
-            runs["budget"] = run_playbook(workdir, inv_path, "-e", "corral_reboot_batch=1",
-                                          "-e", "corral_max_fail_percentage=0")
+            runs["budget"] = run_playbook(
+                workdir,
+                inv_path,
+                "-e",
+                "corral_reboot_batch=1",
+                "-e",
+                "corral_max_fail_percentage=0",
+            )
         finally:
             gpus.unlink()
-        runs["mtu"] = run_playbook(workdir, inv_path, "--limit", CPU1, "-e", "corral_flannel_mtu=8950")
-        timings = {"boot_3_hosts": round(boot, 1), **{k: round(v["wall"], 1) for k, v in runs.items()}}
+        # Bare-metal code paths (module loading, reboot decision) in check
+        # mode: pretend the hosts are not containers. No kernel module nvidia
+        # is loaded here, so the GPU hosts must report a reboot, not do one.
+        runs["metal_check"] = run_playbook(
+            workdir,
+            inv_path,
+            "--check",
+            "-e",
+            "corral_host_is_container=false",
+            "-e",
+            "corral_nvidia_install_kernel_headers=false",
+        )
+        runs["mtu"] = run_playbook(
+            workdir, inv_path, "--limit", CPU1, "-e", "corral_flannel_mtu=8950"
+        )
+        timings = {
+            "boot_3_hosts": round(boot, 1),
+            **{k: round(v["wall"], 1) for k, v in runs.items()},
+        }
         print(f"\nhostlab ansible timings (s): {timings}")
         if os.environ.get("CORRAL_ANSIBLE_TIMINGS"):
             with open(os.environ["CORRAL_ANSIBLE_TIMINGS"], "a") as fh:
                 fh.write(json.dumps(timings) + "\n")
         ssh_config = lab.write_ssh_config(workdir / "ssh_config", hosts=hosts)
-        yield {"lab": lab, "hosts": {h.name: h for h in hosts}, "runs": runs,
-               "check_untouched": check_untouched, "ssh_config": ssh_config, "timings": timings}
+        yield {
+            "lab": lab,
+            "hosts": {h.name: h for h in hosts},
+            "runs": runs,
+            "check_untouched": check_untouched,
+            "ssh_config": ssh_config,
+            "timings": timings,
+        }
     finally:
         for h in hosts:
             try:
                 lab.remove_host(h)
-            except Exception as exc:  # keep removing the others
+            except (
+                RuntimeError,
+                OSError,
+                subprocess.SubprocessError,
+            ) as exc:  # keep removing the others
                 print(f"hostlab: could not remove {h.name}: {exc}")
 
 
 @pytest.fixture(scope="module")
 def th(lab_run):
     """testinfra hosts by inventory name (over the lab's ssh config)."""
-    return {name: testinfra.get_host(f"ssh://{name}", ssh_config=str(lab_run["ssh_config"]))
-            for name in lab_run["hosts"]}
+    return {
+        name: testinfra.get_host(f"ssh://{name}", ssh_config=str(lab_run["ssh_config"]))
+        for name in lab_run["hosts"]
+    }
 
 
 # ----------------------------------------------------------------- the runs
+
 
 def test_check_mode_reports_changes_and_writes_nothing(lab_run):
     run = lab_run["runs"]["check"]
@@ -209,7 +317,9 @@ def test_check_mode_reports_changes_and_writes_nothing(lab_run):
     assert set(run["recap"]) == set(HOSTS), explain(run)
     for name, r in run["recap"].items():
         assert r["failed"] == 0 and r["unreachable"] == 0, explain(run)
-        assert r["changed"] > 0, f"{name}: --check on a fresh host should report changes\n" + explain(run)
+        assert r["changed"] > 0, (
+            f"{name}: --check on a fresh host should report changes\n" + explain(run)
+        )
     assert all(lab_run["check_untouched"].values()), lab_run["check_untouched"]
 
 
@@ -226,7 +336,8 @@ def test_second_run_changes_nothing(lab_run):
     assert run["rc"] == 0, explain(run)
     changed = {h: r["changed"] for h, r in run["recap"].items()}
     assert set(changed) == set(HOSTS) and all(c == 0 for c in changed.values()), (
-        f"not idempotent: {changed}\n" + explain(run))
+        f"not idempotent: {changed}\n" + explain(run)
+    )
 
 
 def test_failure_budget_stops_gpu_rollout_only(lab_run):
@@ -237,24 +348,52 @@ def test_failure_budget_stops_gpu_rollout_only(lab_run):
     assert "expected 8 x H100" in out and "found 7" in out, explain(run)
     # the second GPU batch never started the GPU play ...
     assert recap[GPU2]["failed"] == 0, explain(run)
-    assert recap[GPU2]["ok"] < lab_run["runs"]["second"]["recap"][GPU2]["ok"], explain(run)
+    assert recap[GPU2]["ok"] < lab_run["runs"]["second"]["recap"][GPU2]["ok"], explain(
+        run
+    )
     # ... while the host without GPUs went through all of its plays
     assert recap[CPU1] == {**lab_run["runs"]["second"]["recap"][CPU1]}, explain(run)
 
 
+def test_metal_paths_in_check_mode_report_a_reboot(lab_run):
+    run = lab_run["runs"]["metal_check"]
+    assert run["rc"] == 0, explain(run)
+    out = run["stdout"]
+    # the GPU play runs in batches: one task header per batch
+    reboot_task = "\n".join(
+        re.findall(
+            r"TASK \[nvidia_driver : Reboot to load the declared driver\][^\n]*\n(.*?)\n\n",
+            out,
+            re.DOTALL,
+        )
+    )
+    assert (
+        f"changed: [{GPU1}]" in reboot_task and f"changed: [{GPU2}]" in reboot_task
+    ), explain(run)
+    # the load attempt and the reason are reported
+    assert "Load kernel modules now" in out, explain(run)
+    for h in HOSTS:
+        assert run["recap"][h]["failed"] == 0, explain(run)
+
+
 def test_token_never_logged(lab_run):
     for name, run in lab_run["runs"].items():
-        assert TOKEN not in run["stdout"] and TOKEN not in run["stderr"], f"token leaked in the {name} run"
+        assert TOKEN not in run["stdout"] and TOKEN not in run["stderr"], (
+            f"token leaked in the {name} run"
+        )
 
 
 def test_flannel_mtu_too_big_fails_clearly(lab_run):
     run = lab_run["runs"]["mtu"]
     assert run["rc"] != 0 and run["recap"][CPU1]["failed"] == 1, explain(run)
     # the callback wraps long messages: compare with whitespace normalised
-    assert "flannel MTU 8950 does not fit interface host0 (MTU 1500)" in " ".join(run["stdout"].split()), explain(run)
+    assert "flannel MTU 8950 does not fit interface host0 (MTU 1500)" in " ".join(
+        run["stdout"].split()
+    ), explain(run)
 
 
 # ---------------------------------------------------------------- node_base
+
 
 @pytest.mark.parametrize("name", list(HOSTS))
 def test_node_base(th, name):
@@ -263,10 +402,15 @@ def test_node_base(th, name):
     assert mods.exists and mods.mode == 0o644
     assert {"overlay", "br_netfilter", "vxlan"} <= set(mods.content_string.split())
     sysctl = h.file("/etc/sysctl.d/90-corral-node.conf").content_string
-    for line in ("net.ipv4.ip_forward = 1", "net.bridge.bridge-nf-call-iptables = 1",
-                 "net.bridge.bridge-nf-call-ip6tables = 1", "net.ipv4.conf.all.rp_filter = 2",
-                 "net.ipv4.conf.default.rp_filter = 2", "fs.inotify.max_user_instances = 8192",
-                 "fs.inotify.max_user_watches = 524288"):
+    for line in (
+        "net.ipv4.ip_forward = 1",
+        "net.bridge.bridge-nf-call-iptables = 1",
+        "net.bridge.bridge-nf-call-ip6tables = 1",
+        "net.ipv4.conf.all.rp_filter = 2",
+        "net.ipv4.conf.default.rp_filter = 2",
+        "fs.inotify.max_user_instances = 8192",
+        "fs.inotify.max_user_watches = 524288",
+    ):
         assert line in sysctl
     # per-netns keys were applied; fs.* is read-only in the container (skipped)
     assert h.sysctl("net.ipv4.ip_forward") == 1
@@ -284,22 +428,37 @@ def test_arp_cache_persisted(th, name):
 
 # ------------------------------------------------------------ nvidia_driver
 
+
 @pytest.mark.parametrize("name", [GPU1, GPU2])
 def test_nvidia_driver(th, name):
     h = th[name]
-    for pkg in ("nvidia-driver", "nvidia-kernel-open-dkms", "nvidia-smi", "nvidia-persistenced",
-                "nvidia-fabricmanager-550"):
+    for pkg in (
+        "nvidia-driver",
+        "nvidia-kernel-open-dkms",
+        "nvidia-smi",
+        "nvidia-persistenced",
+        "nvidia-fabricmanager-550",
+    ):
         assert h.package(pkg).is_installed
         assert h.package(pkg).version == f"{DRIVER}-1"
         assert h.run(f"dpkg-query -W -f='${{Status}}' {pkg}").stdout.startswith("hold ")
     pin = h.file("/etc/apt/preferences.d/corral-nvidia").content_string
     assert f"Pin: version {DRIVER}-*" in pin and "Pin-Priority: 1001" in pin
-    assert "signed-by=/etc/apt/keyrings/corral-nvidia.asc" in h.file(
-        "/etc/apt/sources.list.d/corral-nvidia.list").content_string
+    assert (
+        "signed-by=/etc/apt/keyrings/corral-nvidia.asc"
+        in h.file("/etc/apt/sources.list.d/corral-nvidia.list").content_string
+    )
     assert h.service("nvidia-persistenced").is_enabled
     assert h.service("nvidia-persistenced").is_running
     assert h.service("nvidia-fabricmanager").is_enabled
-    assert len(h.check_output("nvidia-smi --query-gpu=name --format=csv,noheader").splitlines()) == 8
+    assert (
+        len(
+            h.check_output(
+                "nvidia-smi --query-gpu=name --format=csv,noheader"
+            ).splitlines()
+        )
+        == 8
+    )
 
 
 def test_no_driver_on_cpu_host(th):
@@ -308,13 +467,14 @@ def test_no_driver_on_cpu_host(th):
 
 # -------------------------------------------------------- container_runtime
 
+
 def _containerd_config(h) -> dict:
     import tomllib
+
     return tomllib.loads(h.file("/etc/containerd/config.toml").content_string)
 
 
-@pytest.mark.parametrize("name,gpu", [(GPU1, True), (GPU2, True),
-                                      (CPU1, False)])
+@pytest.mark.parametrize("name,gpu", [(GPU1, True), (GPU2, True), (CPU1, False)])
 def test_containerd(th, name, gpu):
     h = th[name]
     cri = _containerd_config(h)["plugins"]["io.containerd.grpc.v1.cri"]
@@ -323,7 +483,10 @@ def test_containerd(th, name, gpu):
     assert cri["sandbox_image"] == "registry.k8s.io/pause:3.10"
     if gpu:
         assert cri["containerd"]["default_runtime_name"] == "nvidia"
-        assert runtimes["nvidia"]["options"]["BinaryName"] == "/usr/bin/nvidia-container-runtime"
+        assert (
+            runtimes["nvidia"]["options"]["BinaryName"]
+            == "/usr/bin/nvidia-container-runtime"
+        )
         assert runtimes["nvidia"]["options"]["SystemdCgroup"] is True
         assert h.package("nvidia-container-toolkit").is_installed
     else:
@@ -335,31 +498,43 @@ def test_containerd(th, name, gpu):
 
 # --------------------------------------------------------------------- roce
 
+
 def test_roce_persisted_not_applied(th, lab_run):
     h = th[GPU1]
     script = h.file("/usr/local/sbin/corral-roce-qos")
     assert script.mode == 0o755
     text = script.content_string
-    assert "PRIO=3" in text and "DSCP=26" in text and "MTU=9000" in text and "ECN=1" in text
+    assert (
+        "PRIO=3" in text
+        and "DSCP=26" in text
+        and "MTU=9000" in text
+        and "ECN=1" in text
+    )
     assert "for IF in host0; do" in text
     assert h.service("corral-roce-qos").is_enabled
     assert h.package("rdma-core").is_installed and h.package("perftest").is_installed
     # container: not applied, with the reason in the output
-    assert "apply and ACTIVE check skipped" in " ".join(lab_run["runs"]["first"]["stdout"].split())
+    assert "apply and ACTIVE check skipped" in " ".join(
+        lab_run["runs"]["first"]["stdout"].split()
+    )
     assert not th[GPU2].file("/usr/local/sbin/corral-roce-qos").exists
 
 
 # ------------------------------------------------------------- flannel_host
+
 
 @pytest.mark.parametrize("name", list(HOSTS))
 def test_flannel_host(th, name):
     h = th[name]
     assert h.file("/etc/cni/net.d").is_directory
     assert h.file("/run/flannel").is_directory
-    assert "vxlan" in h.file("/etc/modules-load.d/91-corral-flannel.conf").content_string
+    assert (
+        "vxlan" in h.file("/etc/modules-load.d/91-corral-flannel.conf").content_string
+    )
 
 
 # ------------------------------------------------------------- kubelet_join
+
 
 @pytest.mark.parametrize("name", list(HOSTS))
 def test_kubelet_join(th, name):
@@ -367,7 +542,10 @@ def test_kubelet_join(th, name):
     for pkg in ("kubeadm", "kubelet", "kubectl"):
         assert h.package(pkg).version == f"{K8S}-1.1"
         assert h.run(f"dpkg-query -W -f='${{Status}}' {pkg}").stdout.startswith("hold ")
-    assert f"Pin: version {K8S}-*" in h.file("/etc/apt/preferences.d/corral-kubernetes").content_string
+    assert (
+        f"Pin: version {K8S}-*"
+        in h.file("/etc/apt/preferences.d/corral-kubernetes").content_string
+    )
     cfg = h.file("/etc/kubernetes/kubeadm-join.yaml")
     assert cfg.mode == 0o600 and cfg.user == "root"
     doc = yaml.safe_load(cfg.content_string)
@@ -377,8 +555,11 @@ def test_kubelet_join(th, name):
     labels = reg["kubeletExtraArgs"][0]["value"]
     gpu = "gpu" in name
     pool = "h100" if gpu else "cpu"
-    assert labels == (f"corral.dev/gpu-model=H100,corral.dev/pool={pool},corral.dev/roce=true,corral.dev/site=sf1"
-                      if gpu else "corral.dev/pool=cpu,corral.dev/roce=false,corral.dev/site=sf1")
+    assert labels == (
+        f"corral.dev/gpu-model=H100,corral.dev/pool={pool},corral.dev/roce=true,corral.dev/site=sf1"
+        if gpu
+        else "corral.dev/pool=cpu,corral.dev/roce=false,corral.dev/site=sf1"
+    )
     assert reg["taints"] == pool_vars(pool, gpu)["corral_node_taints"]
     # joined (the fake kubeadm leaves kubelet.conf like the real one) and enabled
     assert h.file("/etc/kubernetes/kubelet.conf").exists

@@ -82,6 +82,9 @@ class NodePools(pulumi.ComponentResource):
                 {"minSize": pool.min_size, "maxSize": pool.max_size, "userData": user_data[pool.name]},
                 pulumi.ResourceOptions(parent=self),
             )
+        # Every key any cloud's autoscaler may need, with fake values.
+        self.cloud_settings = {"ARM_SUBSCRIPTION_ID": "fake-sub", "ARM_RESOURCE_GROUP": "fake-rg",
+                               "GCP_PROJECT": "fake-project"}
         self.register_outputs({})
 
 

@@ -580,6 +580,7 @@ def test_sizes_do_not_change_the_resource_count(jaguar: Plan):
 
     def big_network(data: dict) -> None:
         data["controlPlane"]["networkCIDR"] = "10.200.0.0/16"
+        data["kubernetes"]["podCIDR"] = "10.128.0.0/11"
         data["controlPlane"]["etcd"]["dedicatedEventsCluster"] = False
 
     grown = plan_of("jaguar", net=big_network, grow=grow)
@@ -592,6 +593,7 @@ def test_sizes_do_not_change_the_resource_count(jaguar: Plan):
 def test_pool_beyond_a_scale_set_is_capped_with_a_warning():
     def huge(data: dict) -> None:
         data["controlPlane"]["networkCIDR"] = "10.200.0.0/16"
+        data["kubernetes"]["podCIDR"] = "10.128.0.0/11"
         for pool in data["nodePools"]:
             if pool["provider"] == "azure":
                 pool["maxSize"] = 5000

@@ -547,6 +547,7 @@ def test_pool_sizes_do_not_change_the_resources(tmp_path):
         # A larger network to hold them; the events cluster (on by default
         # from 1,000 nodes) is the model's choice, kept as ibis has it.
         data["controlPlane"]["networkCIDR"] = "10.192.0.0/12"
+        data["kubernetes"]["podCIDR"] = "10.160.0.0/11"
         data["controlPlane"]["etcd"]["dedicatedEventsCluster"] = False
 
     def shape(cluster):

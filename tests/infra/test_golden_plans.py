@@ -92,7 +92,8 @@ def test_pool_size_and_host_count_do_not_change_the_number_of_resources(tmp_path
 def test_thousands_of_nodes_change_only_what_size_implies(tmp_path):
     """7,500 hosts or a 5,000-machine pool: same resources once the etcd layout is pinned
     (1,000+ nodes turn a dedicated events etcd on by default: more machines, by design)."""
-    big_network = {"networkCIDR: 10.200.0.0/20": "networkCIDR: 10.200.0.0/16"}
+    big_network = {"networkCIDR: 10.200.0.0/20": "networkCIDR: 10.200.0.0/16",
+                   "podCIDR: 10.128.0.0/14": "podCIDR: 10.128.0.0/11"}
     base, _ = resource_count(tmp_path, "jaguar", {**PIN_EVENTS, **big_network})
     hosts, _ = resource_count(tmp_path, "jaguar", {
         **PIN_EVENTS, **big_network, JAGUAR_HOSTS: 'hosts: ["gpu-[0001:7428].sf1.internal"]',

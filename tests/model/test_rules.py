@@ -133,7 +133,8 @@ def test_throughput_out_of_range(tmp_path):
 
 def test_iops_floor_for_a_large_cluster(tmp_path):
     text = example("jaguar").replace("iops: 20000", "iops: 4000").replace(
-        "throughputMBps: 800", "throughputMBps: 500").replace("gpu-[001:064]", "gpu-[0001:3000]")
+        "throughputMBps: 800", "throughputMBps: 500").replace("gpu-[001:064]", "gpu-[0001:3000]").replace(
+        "podCIDR: 10.128.0.0/14", "podCIDR: 10.128.0.0/12")
     found = only(problems(tmp_path, {"jaguar.yaml": text}))
     assert "4,000 IOPS is too few for etcd in a cluster of up to 3,208 nodes; provision at least 10,000" in found
 
@@ -289,7 +290,8 @@ def test_arp_defaults_from_cluster_size(tmp_path):
         "  arpCache: {gcThresh1: 80000, gcThresh2: 90000, gcThresh3: 100000}\n", "")
     (tmp_path / "jaguar.yaml").write_text(text)
     small = load_cluster(tmp_path / "jaguar.yaml").network.arp_cache
-    (tmp_path / "jaguar.yaml").write_text(text.replace("gpu-[001:064]", "gpu-[0001:7000]"))
+    (tmp_path / "jaguar.yaml").write_text(
+        text.replace("gpu-[001:064]", "gpu-[0001:7000]").replace("podCIDR: 10.128.0.0/14", "podCIDR: 10.128.0.0/11"))
     large = load_cluster(tmp_path / "jaguar.yaml").network.arp_cache
     assert small.gc_thresh3 == 8192 and small.gc_thresh1 < small.gc_thresh2 < small.gc_thresh3
     assert (large.gc_thresh1, large.gc_thresh2, large.gc_thresh3) == (80000, 90000, 100000)
@@ -317,3 +319,8 @@ def test_pool_zone_outside_the_control_plane_zones(tmp_path):
     text = example("heron").replace("zones: [us-west-2a, us-west-2b, us-west-2c]", "zones: [us-west-2a, us-west-2b]")
     found = only(problems(tmp_path, {"heron.yaml": text.replace("zones: [us-west-2a]\n", "zones: [us-west-2c]\n")}))
     assert "nodePools[1].zones[0]" not in found and "zone 'us-west-2c' is not one of the control plane's zones" in found
+
+
+def test_pod_network_too_small_for_the_nodes(tmp_path):
+    found = only(variant(tmp_path, "jaguar", "gpu-[001:064]", "gpu-[0001:2000]"))
+    assert "kubernetes.podCIDR: 10.128.0.0/14 gives 1,024 nodes a /24 each" in found and "use a /12 or larger" in found

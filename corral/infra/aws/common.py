@@ -50,7 +50,7 @@ def node_image(gpu: bool = False) -> str:
     image = (cfg.get("gpuNodeImage") if gpu else None) or cfg.get("nodeImage")
     if image:
         return image
-    _warn_once(
+    warn_once(
         "corral:nodeImage is not set: instances use the placeholder AMI "
         f"{UNSET_IMAGE}, which `pulumi up` cannot launch. Set it with "
         "`pulumi config set corral:nodeImage ami-...` (an image from node-images/)."
@@ -66,13 +66,6 @@ def amazon_side_asn() -> int:
     return config().get_int("amazonSideAsn") or DEFAULT_AMAZON_SIDE_ASN
 
 
-_warned: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        pulumi.log.warn(message)
 
 
 def check_region(ctx: ClusterContext) -> None:

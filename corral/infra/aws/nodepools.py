@@ -176,4 +176,6 @@ class NodePools(pulumi.ComponentResource):
             self.launch_templates[pool.name] = template
             self.group_names[pool.name] = group_name
 
+        # The cluster-autoscaler finds ASGs by their tags: nothing more to tell it.
+        self.cloud_settings: dict[str, str] = {}
         self.register_outputs({"group_names": self.group_names})

@@ -222,6 +222,11 @@ class NodePools(pulumi.ComponentResource):
             self.scale_sets[pool.name] = vmss
             self.autoscale_settings[pool.name] = setting
 
+        # What the cluster-autoscaler needs to find the scale sets.
+        self.cloud_settings = {
+            "ARM_SUBSCRIPTION_ID": network.subscription_id,
+            "ARM_RESOURCE_GROUP": network.resource_group_name,
+        }
         self.register_outputs({
             "scale_set_names": list(self.scale_sets),
             "autoscaler_discovery": self.autoscaler_discovery,

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 import pulumi
 from pulumi.runtime.settings import get_monitor
 
-from corral.infra.platform import ClusterContext
+from corral.infra.platform import ClusterContext, warn_once
 from corral.model.disks import DISK_TYPES, machine_series
 
 # Not an image anyone publishes: the shape of a real family path.
@@ -65,17 +65,6 @@ def config() -> pulumi.Config:
     return pulumi.Config("corral")
 
 
-_warned: set[tuple[int, str]] = set()
-
-
-def warn_once(message: str) -> None:
-    """Warn once per program run (a plan or `pulumi up`), not once per process:
-    `corral plan` may run several stacks in one process, and each plan must
-    carry its own warnings to stay the same whatever ran before it."""
-    key = (id(get_monitor()), message)
-    if key not in _warned:
-        _warned.add(key)
-        pulumi.log.warn(message)
 
 
 def node_image(gpu: bool = False) -> str:
