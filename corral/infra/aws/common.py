@@ -29,7 +29,7 @@ from collections.abc import Mapping
 
 import pulumi
 
-from corral.infra.platform import ClusterContext
+from corral.infra.platform import ClusterContext, warn_once
 
 # Not an AMI anyone owns: `ami-` and 17 zeros, the shape of a real id.
 UNSET_IMAGE = "ami-00000000000000000"

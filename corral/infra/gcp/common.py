@@ -33,7 +33,6 @@ import re
 from collections.abc import Mapping
 
 import pulumi
-from pulumi.runtime.settings import get_monitor
 
 from corral.infra.platform import ClusterContext, warn_once
 from corral.model.disks import DISK_TYPES, machine_series
