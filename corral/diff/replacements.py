@@ -357,6 +357,20 @@ RULES: dict[str, Rule] = {
     # google_compute_vpn_tunnel: every argument (shared secret, peer, IKE) is ForceNew.
     "gcp:compute:VpnTunnel": Rule(source=_GCP + "compute/vpntunnel/", all_replace="ForceNew on every argument but labels"),
 
+    # --- Kubernetes add-ons (pulumi-kubernetes, corral/infra/addons.py) ---
+    # yaml/v2 ConfigGroup re-applies its objects with server-side apply: a
+    # changed object is patched in place (a Deployment rolls its pods);
+    # objects gone from `objs` are deleted. kubernetes_provider_docs:
+    # https://www.pulumi.com/registry/packages/kubernetes/api-docs/yaml/v2/configgroup/
+    "kubernetes:yaml:ConfigGroup": Rule(
+        source="https://www.pulumi.com/registry/packages/kubernetes/api-docs/yaml/v2/configgroup/",
+        in_place={"objs": "server-side apply of the changed objects"},
+    ),
+    "kubernetes:core:ConfigMap": Rule(
+        source="https://www.pulumi.com/registry/packages/kubernetes/api-docs/core/v1/configmap/",
+        replace={"metadata.name": "a new name is a new object", "metadata.namespace": "a new namespace is a new object"},
+    ),
+
     # --- Keys and random values: every input forces a new key/value ---
     "tls:index:PrivateKey": Rule(source="https://www.pulumi.com/registry/packages/tls/api-docs/privatekey/",
                                  all_replace="every argument is ForceNew: a new key"),

@@ -47,10 +47,11 @@ def test_new_and_deleted_cluster_files_with_plans(repo, tmp_path):
     assert "<details><summary>plan:" in md
 
 
-def test_one_pool_change_plans_one_update(repo):
+def test_one_pool_change_updates_its_group_and_the_autoscaler(repo):
     edit(repo, "heron", "maxSize: 80", "maxSize: 120")
     done = corral("diff", "--clusters", str(repo), cwd=repo.parent)
     assert done.returncode == 0, done.stderr
     assert "pool gpu-a10g resized: 0-80 → 0-120 nodes" in done.stdout
-    assert "plan: 1 to update" in done.stdout
+    assert "plan: 2 to update" in done.stdout
     assert "~ aws:autoscaling:Group heron-gpu-a10g: maxSize: 80 → 120 (update)" in done.stdout
+    assert "~ kubernetes:yaml:ConfigGroup heron-addons-cluster-autoscaler" in done.stdout

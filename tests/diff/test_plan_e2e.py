@@ -119,12 +119,16 @@ def test_etcd_disk_type(plans, name):
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
-def test_pool_resize_touches_only_the_group(plans, name):
+def test_pool_resize_touches_only_the_group_and_the_autoscaler(plans, name):
     found = changes(plans, name, "pool")
+    # The cluster-autoscaler add-on carries every pool's bounds (--nodes).
+    autoscaler = [c for c in found if c.type == "kubernetes:yaml:ConfigGroup"]
+    assert [c.name for c in autoscaler] == [f"{name}-addons-cluster-autoscaler"]
+    cloud = [c for c in found if c not in autoscaler]
     if name == "ibis":
         # GCP pools are zonal MIGs sized by the cluster autoscaler alone (no
         # GCE autoscaler): a pool's bounds are not cloud resources at all.
-        assert found == []
-        return
-    assert found and {c.type for c in found} <= GROUP[name]
-    assert all(c.action == "update" and c.danger is None for c in found)
+        assert cloud == []
+    else:
+        assert cloud and {c.type for c in cloud} <= GROUP[name]
+    assert all(c.action == "update" and c.danger is None and c.verified for c in found)
