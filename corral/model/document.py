@@ -88,6 +88,10 @@ class Document:
             ) from None
         except YAMLError as err:
             raise ValidationFailed([Problem(self.display, 1, 1, (), f"YAML error: {err}")]) from None
+        except RecursionError:
+            raise ValidationFailed(
+                [Problem(self.display, 1, 1, (), "YAML nested too deeply to be a cluster file")]
+            ) from None
 
     def _round_trip(self) -> Any:
         if self._tree is None:

@@ -76,3 +76,27 @@ def count(pattern: str) -> int:
     for start, end, _ in _ranges(pattern):
         total *= end - start + 1
     return total
+
+
+def check(pattern: str) -> None:
+    """Raise HostPatternError unless `pattern` expands cleanly, without expanding it.
+
+    Checks the size limit and the names built from each range's first and
+    last values: every other name has the same characters in between.
+    """
+    if pattern.count("[") != pattern.count("]"):
+        raise HostPatternError(f"'{pattern}' has an unclosed '['")
+    ranges = _ranges(pattern)
+    total = count(pattern)
+    if total > MAX_HOSTS_PER_PATTERN:
+        raise HostPatternError(
+            f"'{pattern}' expands to {total} hosts (more than {MAX_HOSTS_PER_PATTERN})"
+        )
+    pieces = _RANGE.split(pattern)[::2]
+    for pick in (0, 1):
+        values = [f"{(start, end)[pick]:0{width}d}" for start, end, width in ranges]
+        name = pieces[0] + "".join(v + tail for v, tail in zip(values, pieces[1:]))
+        if not _HOSTNAME.match(name):
+            raise HostPatternError(
+                f"'{name}' is not a valid host name (lower-case letters, digits, '-' and '.')"
+            )

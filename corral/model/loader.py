@@ -92,11 +92,10 @@ def _message(error: dict) -> str:
     if kind in ("union_tag_not_found", "union_tag_invalid"):
         return f"provider must be one of {', '.join(PROVIDERS)}"
     if kind == "string_type" and isinstance(error.get("input"), (int, float)):
-        return f"must be a string: write \"{error['input']}\" in quotes"
+        # YAML read it as a number (`1.30` is 1.3): only quotes keep it text.
+        return "must be a string: put the value in quotes"
     if kind in ("value_error", "assertion_error"):
         return msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
-    if kind == "literal_error":
-        return msg.replace("Input should be", "must be")
     return msg.replace("Input should be", "must be")
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from .hosts import expand
 from .layout import MAX_ZONES, layout, network_too_small
 from .disks import DISK_TYPES, disk_types_for, etcd_iops_floor, machine_series
-from .schema import Cluster, CloudPool, OnPremPool
+from .schema import LABEL_DOMAIN, CloudPool, Cluster, OnPremPool
 
 Finding = tuple[tuple, str]
 
@@ -43,6 +43,15 @@ def machine_type_error(cloud: str, machine_type: str) -> str | None:
     if not shape.match(machine_type):
         return f"'{machine_type}' is not a {cloud} machine type (like {example})"
     return None
+
+
+# Labels corral derives for every node (Cluster.node_labels): a pool that set
+# them itself could claim to be another pool, site or GPU model.
+RESERVED_LABELS = frozenset(
+    {f"{LABEL_DOMAIN}/{name}" for name in
+     ("cluster", "pool", "provider", "location", "site", "roce", "gpu-model", "gpu-count", "team")}
+    | {"nvidia.com/gpu.present"}
+)
 
 
 def check_cluster(cluster: Cluster) -> list[Finding]:
@@ -79,9 +88,9 @@ def _control_plane(cluster: Cluster) -> Iterator[Finding]:
             )
     members = cp.etcd.members
     if members % 2 == 0 or not 3 <= members <= 7:
+        why = " (an even count adds no fault tolerance)" if members % 2 == 0 else ""
         yield ("controlPlane", "etcd", "members"), (
-            f"etcd needs an odd number of members from 3 to 7, not {members} "
-            "(an even count adds no fault tolerance)"
+            f"etcd needs an odd number of members from 3 to 7, not {members}{why}"
         )
     for path, machine_type in (
         (("controlPlane", "apiServers", "machineType"), cp.api_servers.machine_type),
@@ -193,8 +202,13 @@ def _pools(cluster: Cluster) -> Iterator[Finding]:
         if pool.name in names:
             yield (*here, "name"), f"pool '{pool.name}' is defined twice"
         names.add(pool.name)
-        if pool.gpu is None and any(k.startswith("nvidia.com/") for k in pool.labels):
-            yield (*here, "labels"), "nvidia.com/ labels belong to GPU pools; declare gpu: instead"
+        for key in pool.labels:
+            if key in RESERVED_LABELS:
+                yield (*here, "labels", key), (
+                    f"'{key}' is set by corral from the pool's definition; remove it"
+                )
+            elif pool.gpu is None and key.startswith("nvidia.com/"):
+                yield (*here, "labels", key), "nvidia.com/ labels belong to GPU pools; declare gpu: instead"
         if isinstance(pool, OnPremPool):
             yield from _onprem_pool(cluster, pool, here, host_owner)
         else:

@@ -16,6 +16,7 @@ from ruamel.yaml import YAML
 
 from corral.model import Cluster, ValidationFailed
 from corral.model.document import Document
+from corral.model import rules
 from corral.model.loader import parse_document
 
 from .helpers import example
@@ -23,7 +24,8 @@ from .helpers import example
 SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-(2**40), max_value=2**40),
     st.floats(allow_nan=True), st.text(max_size=30),
-    st.sampled_from(["", "1.31", "yes", "10.0.0.0/8", "gpu-[1:0]", "NoSchedule", "[", "{a: 1}"]),
+    st.sampled_from(["", "1.31", "yes", "10.0.0.0/8", "gpu-[1:0]", "NoSchedule", "[", "{a: 1}",
+                     "GPU-[1:2]", "h-[1:999999]", "h-[01:02", "gpu-[001:064].sf1.internal", "99999999999999999999"]),
     st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
 )
 
@@ -47,7 +49,10 @@ def _dump(data) -> str:
 def _check(text: str) -> None:
     doc = Document(Path("fuzz.yaml"), text)
     try:
-        assert isinstance(parse_document(doc), Cluster)
+        cluster = parse_document(doc)
+        assert isinstance(cluster, Cluster)
+        # The fleet rules must take whatever the file rules let through.
+        list(rules.check_fleet({cluster.name: cluster, "other": cluster}))
     except ValidationFailed as failed:
         assert failed.problems, "ValidationFailed without problems"
         for problem in failed.problems:

@@ -56,7 +56,7 @@ def test_wrong_type_names_field_and_line(tmp_path):
 
 def test_unquoted_version_hints_at_quotes(tmp_path):
     found = only(variant(tmp_path, "heron", 'version: "1.30.8"', "version: 1.30"))
-    assert "kubernetes.version: must be a string" in found and '"1.3"' in found
+    assert "kubernetes.version: must be a string: put the value in quotes" in found
 
 
 def test_missing_required_field(tmp_path):
@@ -324,3 +324,30 @@ def test_pool_zone_outside_the_control_plane_zones(tmp_path):
 def test_pod_network_too_small_for_the_nodes(tmp_path):
     found = only(variant(tmp_path, "jaguar", "gpu-[001:064]", "gpu-[0001:2000]"))
     assert "kubernetes.podCIDR: 10.128.0.0/14 gives 1,024 nodes a /24 each" in found and "use a /12 or larger" in found
+
+
+@pytest.mark.parametrize("pattern, message", [
+    ("gpu-[1:99999999]", "expands to 99999999 hosts"),
+    ("GPU-[1:3]", "'GPU-1' is not a valid host name"),
+    ("gpu-[001:064.sf1", "unclosed '['"),
+])
+def test_bad_host_patterns_are_reported_not_raised(tmp_path, pattern, message):
+    found = only(variant(tmp_path, "jaguar", "gpu-[001:064].sf1.internal", pattern))
+    assert "nodePools[0].hosts[0]" in found and message in found
+
+
+def test_absurd_etcd_member_count_is_refused_quickly(tmp_path):
+    found = only(variant(tmp_path, "jaguar", "members: 5 ", "members: 99999999999999999999 "))
+    assert "controlPlane.etcd.members" in found
+
+
+def test_pools_cannot_set_labels_corral_derives(tmp_path):
+    found = only(variant(tmp_path, "jaguar", "labels: {corral.dev/rack: r12}", "labels: {corral.dev/pool: other}"))
+    assert "nodePools[0].labels.corral.dev/pool: 'corral.dev/pool' is set by corral" in found
+
+
+def test_resizing_never_adds_an_events_etcd_cluster(tmp_path):
+    from corral.model import load_cluster
+
+    (tmp_path / "jaguar.yaml").write_text(example("jaguar").replace("maxSize: 200", "maxSize: 900"))
+    assert load_cluster(tmp_path / "jaguar.yaml").control_plane.etcd.dedicated_events_cluster is False
