@@ -13,6 +13,7 @@ from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from corral.model import Cluster, Fleet, ValidationFailed, load_fleet
 
@@ -34,7 +35,7 @@ ClusterArg = Annotated[str, typer.Argument(help="Cluster name (clusters/<name>.y
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}")
+    err.print(f"[bold red]error:[/] {escape(message)}")
     raise typer.Exit(code)
 
 
@@ -60,7 +61,10 @@ def fleet_or_exit(paths: list[Path]) -> Fleet:
 def cluster_or_exit(clusters: Path, name: str) -> Cluster:
     """One cluster, validated together with the rest of its fleet."""
     path = clusters / f"{name}.yaml"
-    if not path.is_file():
+    if "/" in name or not path.is_file():
         known = sorted(p.stem for p in clusters.glob("*.yaml")) if clusters.is_dir() else []
         fail(f"no cluster '{name}': {path} does not exist" + (f" (clusters: {', '.join(known)})" if known else ""))
-    return fleet_or_exit([clusters]).clusters[name]
+    fleet = fleet_or_exit([clusters])
+    if name not in fleet.clusters:
+        fail(f"{path} defines no cluster named '{name}'")
+    return fleet.clusters[name]

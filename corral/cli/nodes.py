@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cluster_or_exit, err, fail, out
@@ -39,16 +40,33 @@ def inventory(
         out.print(dump_yaml(as_yaml_inventory(data)), markup=False, end="")
 
 
-def _progress_table(report, title: str) -> Table:
-    table = Table(title=title, expand=False)
+# Beyond this many hosts the table shows the ones that need a look (failed,
+# unreachable, still running) and counts the rest: a 7,500-row table
+# re-rendered four times a second would cost more than the join.
+TABLE_ROWS = 40
+
+
+def _progress_table(report, title: str, final: bool = False) -> Table:
+    table = Table(title=escape(title), expand=False)
     for column in ("host", "status", "ok", "changed", "failed", "task / message"):
         table.add_column(column, justify="right" if column in ("ok", "changed", "failed") else "left")
-    for result in report.hosts.values():
-        status = result.status if (result.failed or result.unreachable or result.ok) else "pending"
+    results = list(report.hosts.values())
+    shown = results
+    if len(results) > TABLE_ROWS:
+        quiet = ("ok", "changed") if final else ("ok", "changed", "not run")
+        shown = [r for r in results if r.status not in quiet][:TABLE_ROWS]
+    for result in shown:
+        status = result.status if (final or result.failed or result.unreachable or result.ok) else "pending"
         style = STATUS_STYLE.get(status, "dim")
         detail = f"{result.task}: {result.message}" if result.message else result.task
-        table.add_row(result.host, f"[{style}]{status}[/]", str(result.ok), str(result.changed),
-                      str(result.failed), detail)
+        table.add_row(escape(result.host), f"[{style}]{status}[/]", str(result.ok), str(result.changed),
+                      str(result.failed), escape(detail))
+    if len(shown) < len(results):
+        counts: dict[str, int] = {}
+        for result in results:
+            counts[result.status] = counts.get(result.status, 0) + 1
+        summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+        table.add_row(f"({len(results) - len(shown)} more)", "", "", "", "", summary)
     return table
 
 
@@ -59,7 +77,7 @@ def join(
     limit: Annotated[Optional[list[str]], typer.Option("--limit", help="Only these hosts (repeatable).")] = None,
     check: Annotated[bool, typer.Option("--check", help="Show what would change; change nothing.")] = False,
     outputs: Annotated[Optional[Path], typer.Option(help="Stack outputs JSON (air-gapped runs) instead of `pulumi stack output`.")] = None,
-    forks: Annotated[int, typer.Option(help="Hosts configured in parallel.")] = 50,
+    forks: Annotated[int, typer.Option(help="Hosts configured in parallel.", min=1)] = 50,
     runs_dir: Annotated[Optional[Path], typer.Option(help="Where ansible-runner keeps artifacts.")] = None,
     extra_vars: Annotated[Optional[list[Path]], typer.Option(
         "--extra-vars", "-e", help="Variables file of site overrides (repeatable), e.g. repository URLs.",
@@ -73,20 +91,25 @@ def join(
         hosts = select_hosts(cluster, pool, limit or [])
         material = join_material(name, outputs)
         title = f"{'check' if check else 'join'} {name}: {len(hosts)} host{'s' * (len(hosts) != 1)}"
-        with Live(console=err, refresh_per_second=4, transient=True) as live:
+        # Live redraws from the tracker's report four times a second; events
+        # themselves only update counters (thousands of hosts, many events each).
+        tracker_report = {}
+        with Live(console=err, refresh_per_second=4, transient=True,
+                  get_renderable=lambda: _progress_table(tracker_report["r"], title)
+                  if "r" in tracker_report else Table(title=escape(title))):
             report = run_join(
                 cluster, material, hosts, check=check, runs_dir=runs_dir, forks=forks,
                 extra_vars=extra_vars or [],
-                on_update=lambda r: live.update(_progress_table(r, title)),
+                on_update=lambda r: tracker_report.setdefault("r", r),
             )
     except JoinError as error:
         fail(str(error))
-    out.print(_progress_table(report, title))
+    out.print(_progress_table(report, title, final=True))
     bad = [r for r in report.hosts.values() if r.status not in ("ok", "changed")]
     changed = sum(r.changed for r in report.hosts.values())
     summary = f"{len(hosts) - len(bad)} of {len(hosts)} hosts ok, {changed} changes; artifacts: {report.artifacts}"
     out.print(summary, markup=False)
-    if bad or report.rc != 0:
+    if not report.succeeded:
         raise typer.Exit(1)
 
 

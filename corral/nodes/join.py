@@ -39,6 +39,12 @@ class JoinError(Exception):
     """A join that cannot start; the message says what to do."""
 
 
+def default_runs_dir(cluster: str) -> Path:
+    """Per-user artifacts folder (0700 all the way down, unlike /tmp)."""
+    base = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state"))
+    return base / "corral" / "runs" / cluster
+
+
 def ansible_dir() -> Path:
     """The repository's `ansible/` folder (env CORRAL_ANSIBLE_DIR overrides)."""
     override = os.environ.get("CORRAL_ANSIBLE_DIR")
@@ -53,12 +59,18 @@ def ansible_dir() -> Path:
 
 
 def join_material(cluster: str, outputs_file: Path | None) -> dict[str, Any]:
-    """The join variables, from `--outputs FILE` or `pulumi stack output`."""
+    """The join variables, from `--outputs FILE` or `pulumi stack output`.
+
+    From Pulumi only the three outputs a join needs are read, one by one, so
+    the admin kubeconfig and VPN keys never pass through corral.
+    """
     if outputs_file is not None:
         try:
-            outputs = json.loads(Path(outputs_file).read_text())
+            outputs = json.loads(Path(outputs_file).read_text(encoding="utf-8"))
         except OSError as err:
             raise JoinError(f"cannot read {outputs_file}: {err.strerror}") from None
+        except UnicodeDecodeError:
+            raise JoinError(f"{outputs_file}: not UTF-8 text") from None
         except json.JSONDecodeError as err:
             raise JoinError(f"{outputs_file}:{err.lineno}:{err.colno}: not JSON: {err.msg}") from None
         source = str(outputs_file)
@@ -68,19 +80,25 @@ def join_material(cluster: str, outputs_file: Path | None) -> dict[str, Any]:
                 "the pulumi CLI is not installed: install it, or pass --outputs FILE "
                 "(the JSON of `pulumi stack output --json --show-secrets`)"
             )
-        result = subprocess.run(
-            ["pulumi", "stack", "output", "--json", "--show-secrets", "-s", cluster],
-            capture_output=True, text=True,
-        )
-        if result.returncode != 0:
-            raise JoinError(f"pulumi stack output -s {cluster} failed: {result.stderr.strip()}")
-        outputs = json.loads(result.stdout)
-        source = f"stack {cluster}"
+        outputs, source = {}, f"stack {cluster}"
+        for key in OUTPUT_KEYS:
+            result = subprocess.run(
+                ["pulumi", "stack", "output", key, "--json", "--show-secrets", "-s", cluster],
+                capture_output=True, text=True,
+            )
+            if result.returncode != 0:
+                raise JoinError(f"pulumi stack output {key} -s {cluster} failed: {result.stderr.strip()}")
+            try:
+                outputs[key] = json.loads(result.stdout)
+            except json.JSONDecodeError:
+                raise JoinError(f"pulumi stack output {key} -s {cluster} did not print JSON") from None
     if not isinstance(outputs, dict):
         raise JoinError(f"{source}: expected a JSON object of stack outputs")
     missing = [key for key in OUTPUT_KEYS if not outputs.get(key)]
     if missing:
         raise JoinError(f"{source}: missing stack output(s) {', '.join(missing)}")
+    if not isinstance(outputs["bootstrapToken"], str) or not isinstance(outputs["apiEndpoint"], str):
+        raise JoinError(f"{source}: apiEndpoint and bootstrapToken must be strings")
     hashes = outputs["caCertHash"]
     return {
         "corral_join_api_endpoint": outputs["apiEndpoint"],
@@ -226,19 +244,45 @@ def run_join(
     URLs, `corral_reboot_batch`, ...), passed as `-e @FILE` after the cluster's
     own variables, so they win.
     """
+    playbooks = ansible_dir()
+    runs_dir = Path(runs_dir or default_runs_dir(cluster.name))
+    missing = [runs_dir, *(p for p in runs_dir.parents if not p.exists())]
+    for folder in reversed(missing):
+        folder.mkdir(exist_ok=True, mode=0o700)  # every folder corral creates: owner only
+    tracker = EventTracker(hosts, on_update)
+    try:
+        runner = _run_playbook(cluster, material, hosts, check, runs_dir, tracker, forks, extra_vars, playbooks)
+    finally:
+        # Scan even when the run was interrupted: artifacts outlive the run.
+        leaks = _leaked(runs_dir, str(material["corral_join_token"]))
+        for path in leaks:
+            path.unlink()
+    if leaks:
+        raise JoinError(
+            "the bootstrap token appeared in run artifacts (removed): "
+            + ", ".join(str(p) for p in leaks)
+            + "; a task that handles it is missing no_log"
+        )
+    report = tracker.report
+    report.rc = runner.rc
+    report.artifacts = Path(runner.config.artifact_dir)
+    return report
+
+
+def _run_playbook(
+    cluster: Cluster, material: dict[str, Any], hosts: list[str], check: bool, runs_dir: Path,
+    tracker: EventTracker, forks: int, extra_vars: list[Path], playbooks: Path,
+):
+    """One ansible-runner run; the join material lives only in a 0600 temp file."""
     import ansible_runner  # heavy: only when a join really runs
 
-    playbooks = ansible_dir()
-    runs_dir = Path(runs_dir or Path(tempfile.gettempdir()) / "corral-runs" / cluster.name)
-    runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tracker = EventTracker(hosts, on_update)
     with tempfile.TemporaryDirectory(prefix="corral-join-secret-") as secret_dir:
         secret_file = Path(secret_dir) / "join.json"
         fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as handle:
             json.dump(material, handle)
         cmdline = " ".join(
-            [*(f"-e @{shlex.quote(str(Path(f).resolve()))}" for f in extra_vars), f"-e @{secret_file}"]
+            [f"-e @{shlex.quote(str(Path(f).resolve()))}" for f in (*extra_vars, secret_file)]
             + (["--check", "--diff"] if check else [])
         )
         runner = ansible_runner.run(
@@ -256,16 +300,4 @@ def run_join(
             suppress_env_files=True,
             rotate_artifacts=10,
         )
-    report = tracker.report
-    report.rc = runner.rc
-    report.artifacts = Path(runner.config.artifact_dir)
-    leaks = _leaked(runs_dir, material["corral_join_token"])
-    if leaks:
-        for path in leaks:
-            path.unlink()
-        raise JoinError(
-            "the bootstrap token appeared in run artifacts (removed): "
-            + ", ".join(str(p) for p in leaks)
-            + "; a task that handles it is missing no_log"
-        )
-    return report
+        return runner

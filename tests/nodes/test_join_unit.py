@@ -96,3 +96,76 @@ def test_a_host_no_task_ran_on_is_not_reported_ok():
     assert tracker.report.hosts["a"].status == "ok"
     assert tracker.report.hosts["b"].status == "not run"
     assert not tracker.report.succeeded
+
+
+class FakeAnsibleRunner:
+    """Test fake of the ansible_runner module (a process boundary): records
+    the run's arguments and leaves artifacts as a real run would."""
+
+    def __init__(self, leak: bool = False, interrupt: bool = False):
+        self.leak, self.interrupt, self.calls = leak, interrupt, []
+
+    def run(self, **kwargs):
+        import re
+        import stat
+        import types
+        from pathlib import Path
+
+        secret = Path(re.findall(r"-e @(\S+)", kwargs["cmdline"])[-1])
+        self.calls.append({**kwargs, "secret_mode": stat.S_IMODE(secret.stat().st_mode),
+                           "secret_text": secret.read_text(), "secret_path": secret})
+        artifacts = Path(kwargs["private_data_dir"]) / "artifacts" / "fake-run"
+        artifacts.mkdir(parents=True, exist_ok=True)
+        (artifacts / "stdout").write_text("TASK [kubelet_join] ok\n" + (OUTPUTS["bootstrapToken"] if self.leak else ""))
+        if self.interrupt:
+            raise KeyboardInterrupt
+        for host in ("gpu-001.sf1.internal",):
+            kwargs["event_handler"]({"event": "runner_on_ok", "event_data": {"host": host, "res": {"changed": True}}})
+        return types.SimpleNamespace(rc=0, config=types.SimpleNamespace(artifact_dir=str(artifacts)))
+
+
+@pytest.fixture
+def fake_runner(monkeypatch):
+    def install(**options):
+        fake = FakeAnsibleRunner(**options)
+        monkeypatch.setitem(__import__("sys").modules, "ansible_runner", fake)
+        return fake
+    return install
+
+
+def _material():
+    return {"corral_join_api_endpoint": OUTPUTS["apiEndpoint"], "corral_join_token": OUTPUTS["bootstrapToken"],
+            "corral_join_ca_cert_hashes": [OUTPUTS["caCertHash"]]}
+
+
+def test_the_token_travels_only_in_a_private_file_that_is_removed(jaguar, tmp_path, fake_runner):
+    from corral.nodes.join import run_join
+
+    fake = fake_runner()
+    report = run_join(jaguar, _material(), ["gpu-001.sf1.internal"], runs_dir=tmp_path / "runs")
+    call = fake.calls[0]
+    assert OUTPUTS["bootstrapToken"] not in call["cmdline"]
+    assert call["secret_mode"] == 0o600 and OUTPUTS["bootstrapToken"] in call["secret_text"]
+    assert not call["secret_path"].exists()
+    assert str(tmp_path / "runs") not in str(call["secret_path"])  # never inside the artifacts dir
+    assert call["suppress_env_files"] is True and call["limit"] == "gpu-001.sf1.internal"
+    assert "token" not in json.dumps(call["inventory"]).lower()
+    assert report.hosts["gpu-001.sf1.internal"].status == "changed"
+
+
+def test_a_leaked_token_is_removed_and_reported(jaguar, tmp_path, fake_runner):
+    from corral.nodes.join import run_join
+
+    fake_runner(leak=True)
+    with pytest.raises(JoinError, match="bootstrap token appeared in run artifacts"):
+        run_join(jaguar, _material(), ["gpu-001.sf1.internal"], runs_dir=tmp_path / "runs")
+    assert not list((tmp_path / "runs").rglob("stdout"))
+
+
+def test_artifacts_are_scanned_even_when_the_run_is_interrupted(jaguar, tmp_path, fake_runner):
+    from corral.nodes.join import run_join
+
+    fake_runner(leak=True, interrupt=True)
+    with pytest.raises(KeyboardInterrupt):
+        run_join(jaguar, _material(), ["gpu-001.sf1.internal"], runs_dir=tmp_path / "runs")
+    assert not list((tmp_path / "runs").rglob("stdout"))
