@@ -211,7 +211,13 @@ def control_plane_vm(
         diagnostics_profile=boot_diagnostics(),
         identity=identity,
         tags=tags(ctx, **{"corral-role": role}),
-        opts=opts,
+        # ARM refuses to change customData of an existing VM (409
+        # PropertyChangeNotAllowed) and a new image is a new VM: both roll
+        # out one member at a time with `pulumi up --replace`, never by an
+        # `up` that would touch every etcd member at once (as on AWS).
+        opts=pulumi.ResourceOptions.merge(
+            opts, pulumi.ResourceOptions(ignore_changes=["osProfile.customData", "storageProfile.imageReference"])
+        ),
     )
 
 
