@@ -96,3 +96,38 @@ def warn_once(message: str) -> None:
     if key not in _warned:
         _warned.add(key)
         pulumi.log.warn(message)
+
+
+def check_region(ctx: ClusterContext, provider: str, key: str = "region") -> None:
+    """The stack's provider region (`<provider>:<key>`), when set, must be the cluster's."""
+    import pulumi
+
+    region = pulumi.Config(provider).get(key)
+    wanted = ctx.cluster.control_plane.region
+    # Azure also accepts display names ("East US 2" for eastus2).
+    if region and region.replace(" ", "").lower() != wanted.lower():
+        raise ValueError(
+            f"stack config {provider}:{key} is {region}, but cluster {ctx.cluster.name} "
+            f"lives in {wanted} (controlPlane.region); fix stacks/Pulumi.{ctx.cluster.name}.yaml"
+        )
+
+
+def check_zone(ctx: ClusterContext, zone: str, what: str) -> None:
+    """`zone` must be one of the control plane's: the network has subnets only there."""
+    zones = [z.zone for z in ctx.layout.zones]
+    if zone not in zones:
+        raise ValueError(
+            f"{what} is in zone {zone}, which is not one of the control plane's zones "
+            f"({', '.join(zones)}): the network has no subnet there"
+        )
+
+
+def pick(items: object, key: object, what: str):
+    """`items[key]` with an error naming what is missing."""
+    from collections.abc import Mapping
+
+    try:
+        return items[key]  # type: ignore[index]
+    except (KeyError, IndexError, TypeError):
+        have = list(items.keys()) if isinstance(items, Mapping) else f"{len(items)} items"  # type: ignore[arg-type]
+        raise ValueError(f"no {what} for {key!r} (given: {have})") from None

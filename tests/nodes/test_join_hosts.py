@@ -20,8 +20,6 @@ import pytest
 pytest.importorskip("testinfra")
 import testinfra  # noqa: E402
 
-from tests.hostlab.fixtures import hostlab, hostlab_repo, hostlab_repo_factory  # noqa: E402,F401
-
 from . import joinlab  # noqa: E402
 
 pytestmark = pytest.mark.hostlab

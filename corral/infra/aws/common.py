@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import base64
 import gzip
-from collections.abc import Mapping
 
 import pulumi
 
+from corral.infra import platform
+from corral.infra.platform import check_zone, pick  # noqa: F401 (used by the components)
 from corral.infra.platform import ClusterContext, warn_once
 
 # Not an AMI anyone owns: `ami-` and 17 zeros, the shape of a real id.
@@ -68,24 +69,13 @@ def amazon_side_asn() -> int:
 
 
 
+
+
+
+
 def check_region(ctx: ClusterContext) -> None:
-    """The stack's provider region must be the cluster's region."""
-    region = pulumi.Config("aws").get("region")
-    wanted = ctx.cluster.control_plane.region
-    if region and region != wanted:
-        raise ValueError(
-            f"stack config aws:region is {region}, but cluster {ctx.cluster.name} "
-            f"lives in {wanted} (controlPlane.region); fix stacks/Pulumi.{ctx.cluster.name}.yaml"
-        )
-
-
-def check_zone(ctx: ClusterContext, zone: str, what: str) -> None:
-    zones = [z.zone for z in ctx.layout.zones]
-    if zone not in zones:
-        raise ValueError(
-            f"{what} is in zone {zone}, which is not one of the control plane's zones "
-            f"({', '.join(zones)}): the network has no subnet there"
-        )
+    """The stack's provider region, when set, must be the cluster's region."""
+    platform.check_region(ctx, "aws")
 
 
 def tags(ctx: ClusterContext, name: str, **extra: pulumi.Input[str]) -> dict[str, pulumi.Input[str]]:
@@ -110,13 +100,6 @@ def user_data_base64(user_data: pulumi.Input[str]) -> pulumi.Output[str]:
     return pulumi.Output.secret(user_data).apply(encode_user_data)
 
 
-def pick(items: object, key: object, what: str):
-    """`items[key]` with an error naming what is missing."""
-    try:
-        return items[key]  # type: ignore[index]
-    except (KeyError, IndexError, TypeError):
-        have = list(items.keys()) if isinstance(items, Mapping) else f"{len(items)} items"  # type: ignore[arg-type]
-        raise ValueError(f"no {what} for {key!r} (given: {have})") from None
 
 
 def metadata_options(tags_in_metadata: bool = False) -> dict:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import base64
 import gzip
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import pulumi
 import pulumi_azure_native as azure
 
+from corral.infra import platform
+from corral.infra.platform import pick  # noqa: F401 (used by the components)
 from corral.infra.platform import ClusterContext
 
 # Debian 12 "bookworm", generation-2 (UEFI) image from the Azure Marketplace,
@@ -58,13 +60,7 @@ def check_location(ctx: ClusterContext) -> None:
     only place it is written); a stack setting that disagrees is a mistake
     worth stopping for, not a silent override.
     """
-    configured = pulumi.Config("azure-native").get("location")
-    wanted = location(ctx)
-    if configured and configured.replace(" ", "").lower() != wanted.lower():
-        raise ValueError(
-            f"stack config azure-native:location is {configured}, but cluster {ctx.cluster.name} "
-            f"lives in {wanted} (controlPlane.region); fix stacks/Pulumi.{ctx.cluster.name}.yaml"
-        )
+    platform.check_region(ctx, "azure-native", "location")
 
 
 def tags(ctx: ClusterContext, **extra: pulumi.Input[str]) -> dict[str, pulumi.Input[str]]:
@@ -108,13 +104,6 @@ def custom_data(user_data: pulumi.Input[str]) -> pulumi.Output[str]:
     return pulumi.Output.secret(user_data).apply(encode_custom_data)
 
 
-def pick(items: object, key: object, what: str):
-    """`items[key]` with an error naming what is missing."""
-    try:
-        return items[key]  # type: ignore[index]
-    except (KeyError, IndexError, TypeError):
-        have = list(items.keys()) if isinstance(items, Mapping) else f"{len(items)} items"  # type: ignore[arg-type]
-        raise ValueError(f"no {what} for {key!r} (given: {have})") from None
 
 
 _SIZE = re.compile(r"^Standard_([A-Z]+)(\d+)")

@@ -30,10 +30,11 @@ Stack settings (`stacks/Pulumi.<cluster>.yaml`; none is required for
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 
 import pulumi
 
+from corral.infra import platform
+from corral.infra.platform import check_zone, pick  # noqa: F401 (used by the components)
 from corral.infra.platform import ClusterContext, warn_once
 from corral.model.disks import DISK_TYPES, machine_series
 
@@ -85,24 +86,8 @@ def cloud_router_asn() -> int:
     return config().get_int("cloudRouterAsn") or DEFAULT_CLOUD_ROUTER_ASN
 
 
-def check_region(ctx: ClusterContext) -> None:
-    """The stack's provider region, when set, must be the cluster's region."""
-    region = pulumi.Config("gcp").get("region")
-    wanted = ctx.cluster.control_plane.region
-    if region and region != wanted:
-        raise ValueError(
-            f"stack config gcp:region is {region}, but cluster {ctx.cluster.name} "
-            f"lives in {wanted} (controlPlane.region); fix stacks/Pulumi.{ctx.cluster.name}.yaml"
-        )
 
 
-def check_zone(ctx: ClusterContext, zone: str, what: str) -> None:
-    zones = [z.zone for z in ctx.layout.zones]
-    if zone not in zones:
-        raise ValueError(
-            f"{what} is in zone {zone}, which is not one of the control plane's zones "
-            f"({', '.join(zones)}): the network has no subnet there"
-        )
 
 
 def gce_name(name: str, limit: int = GCE_NAME_MAX) -> str:
@@ -129,13 +114,6 @@ def labels(ctx: ClusterContext, **extra: str) -> dict[str, str]:
     return result
 
 
-def pick(items: object, key: object, what: str):
-    """`items[key]` with an error naming what is missing."""
-    try:
-        return items[key]  # type: ignore[index]
-    except (KeyError, IndexError, TypeError):
-        have = list(items.keys()) if isinstance(items, Mapping) else f"{len(items)} items"  # type: ignore[arg-type]
-        raise ValueError(f"no {what} for {key!r} (given: {have})") from None
 
 
 # --- Machine families -------------------------------------------------------
@@ -183,3 +161,8 @@ def check_disk_attachable(disk_type: str, machine_type: str, what: str) -> None:
             f"{disk_type} disks per the Compute Engine docs; use e.g. "
             f"{'c3-highmem-8 or n4-highmem-8' if disk_type == 'hyperdisk-balanced' else 'a larger N2/M-series type'}"
         )
+
+
+def check_region(ctx: ClusterContext) -> None:
+    """The stack's provider region, when set, must be the cluster's region."""
+    platform.check_region(ctx, "gcp")
