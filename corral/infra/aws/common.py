@@ -67,12 +67,6 @@ def amazon_side_asn() -> int:
     return config().get_int("amazonSideAsn") or DEFAULT_AMAZON_SIDE_ASN
 
 
-
-
-
-
-
-
 def check_region(ctx: ClusterContext) -> None:
     """The stack's provider region, when set, must be the cluster's region."""
     platform.check_region(ctx, "aws")
@@ -98,8 +92,6 @@ def encode_user_data(text: str) -> str:
 def user_data_base64(user_data: pulumi.Input[str]) -> pulumi.Output[str]:
     """`user_data` (cloud-init, usually a secret) as EC2 wants it; stays secret."""
     return pulumi.Output.secret(user_data).apply(encode_user_data)
-
-
 
 
 def metadata_options(tags_in_metadata: bool = False) -> dict:

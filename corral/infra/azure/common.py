@@ -104,8 +104,6 @@ def custom_data(user_data: pulumi.Input[str]) -> pulumi.Output[str]:
     return pulumi.Output.secret(user_data).apply(encode_custom_data)
 
 
-
-
 _SIZE = re.compile(r"^Standard_([A-Z]+)(\d+)")
 
 

@@ -65,8 +65,6 @@ def config() -> pulumi.Config:
     return pulumi.Config("corral")
 
 
-
-
 def node_image(gpu: bool = False) -> str:
     """The boot image of a machine; see the module docstring."""
     cfg = config()
@@ -84,10 +82,6 @@ def node_image(gpu: bool = False) -> str:
 
 def cloud_router_asn() -> int:
     return config().get_int("cloudRouterAsn") or DEFAULT_CLOUD_ROUTER_ASN
-
-
-
-
 
 
 def gce_name(name: str, limit: int = GCE_NAME_MAX) -> str:
@@ -112,8 +106,6 @@ def labels(ctx: ClusterContext, **extra: str) -> dict[str, str]:
         if not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(value):
             raise ValueError(f"GCE label {key}={value!r} breaks GCE's label rules (lower-case, [a-z0-9_-], <= 63)")
     return result
-
-
 
 
 # --- Machine families -------------------------------------------------------
