@@ -50,7 +50,8 @@ pytestmark = [
         "qemu-system-x86 qemu-utils)",
     ),
     pytest.mark.skipif(
-        os.geteuid() != 0, reason="the qemu tier needs root (image build: chroot, mounts)"
+        os.geteuid() != 0,
+        reason="the qemu tier needs root (image build: chroot, mounts)",
     ),
 ]
 
@@ -147,6 +148,8 @@ def inventory(vm) -> dict:
                         # virtio + rxe: force apply (auto would too: not a
                         # container, /sys/class/infiniband present)
                         "corral_roce_apply": True,
+                        # virtio takes no DCB: soft-RoCE is ACTIVE without lossless QoS.
+                        "corral_roce_require_dcb": False,
                         "corral_node_labels": {"corral.dev/pool": "roce"},
                         "corral_node_taints": [],
                     },
@@ -170,17 +173,39 @@ def run_playbook(workdir: Path, timeout: float = 1800) -> dict:
         # TCG is slow: give the connection room
         ANSIBLE_TIMEOUT="120",
     )
-    argv = ["ansible-playbook", "-i", str(workdir / "inventory.yml"), str(workdir / "site.yml")]
+    argv = [
+        "ansible-playbook",
+        "-i",
+        str(workdir / "inventory.yml"),
+        str(workdir / "site.yml"),
+    ]
     t0 = time.monotonic()
-    res = subprocess.run(argv, cwd=ANSIBLE_DIR, env=env, capture_output=True, text=True,
-                         timeout=timeout, check=False)
+    res = subprocess.run(
+        argv,
+        cwd=ANSIBLE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
     recap = {
-        m[0]: {"ok": int(m[1]), "changed": int(m[2]), "unreachable": int(m[3]),
-               "failed": int(m[4])}
+        m[0]: {
+            "ok": int(m[1]),
+            "changed": int(m[2]),
+            "unreachable": int(m[3]),
+            "failed": int(m[4]),
+        }
         for m in RECAP.findall(res.stdout)
     }
-    return {"rc": res.returncode, "stdout": res.stdout, "stderr": res.stderr,
-            "wall": time.monotonic() - t0, "recap": recap.get(HOST), "argv": argv}
+    return {
+        "rc": res.returncode,
+        "stdout": res.stdout,
+        "stderr": res.stderr,
+        "wall": time.monotonic() - t0,
+        "recap": recap.get(HOST),
+        "argv": argv,
+    }
 
 
 def explain(run: dict) -> str:
@@ -242,7 +267,9 @@ def probe(vm) -> dict[str, str]:
 
 
 def sysctls(state: dict) -> dict[str, str]:
-    return dict(line.split("=", 1) for line in state["sysctl"].splitlines() if "=" in line)
+    return dict(
+        line.split("=", 1) for line in state["sysctl"].splitlines() if "=" in line
+    )
 
 
 @pytest.fixture(scope="module")
@@ -272,13 +299,22 @@ def qemu_run(tmp_path_factory):
         timings.update({k: v["wall"] for k, v in runs.items()})
         timings["reboot"] = vm.timings["reboot"]
         timings = {k: round(v, 1) for k, v in timings.items()}
-        print(f"\nqemu tier timings (s): {timings}; image build: "
-              f"{ {k: round(v, 1) for k, v in image.timings.items()} }; nic: {vm.nic}")
+        print(
+            f"\nqemu tier timings (s): {timings}; image build: "
+            f"{ {k: round(v, 1) for k, v in image.timings.items()} }; nic: {vm.nic}"
+        )
         if os.environ.get("CORRAL_ANSIBLE_TIMINGS"):
             with open(os.environ["CORRAL_ANSIBLE_TIMINGS"], "a") as fh:
                 fh.write(json.dumps({"qemu": timings}) + "\n")
-        yield {"vm": vm, "runs": runs, "first": after_first, "second": after_second,
-               "reboot": after_reboot, "timings": timings, "nic": vm.nic}
+        yield {
+            "vm": vm,
+            "runs": runs,
+            "first": after_first,
+            "second": after_second,
+            "reboot": after_reboot,
+            "timings": timings,
+            "nic": vm.nic,
+        }
     finally:
         vm.stop()
 
@@ -296,7 +332,9 @@ def test_second_run_changes_nothing(qemu_run):
     run = qemu_run["runs"]["second"]
     assert run["rc"] == 0 and run["recap"], explain(run)
     assert run["recap"]["changed"] == 0, (
-        f"not idempotent on a real kernel: changed tasks {changed_tasks(run)}\n" + explain(run))
+        f"not idempotent on a real kernel: changed tasks {changed_tasks(run)}\n"
+        + explain(run)
+    )
 
 
 # ------------------------------------------------ kernel state after the run
@@ -330,18 +368,24 @@ def test_node_sysctls_applied(qemu_run):
 @pytest.mark.parametrize("when", ["first", "second"])
 def test_rdma_link_active(qemu_run, when):
     rdma = qemu_run[when]["rdma"]
-    assert re.search(rf"^link rxe0/1 state ACTIVE .*netdev {re.escape(qemu_run['nic'])}\b",
-                     rdma, re.MULTILINE), rdma
+    assert re.search(
+        rf"^link rxe0/1 state ACTIVE .*netdev {re.escape(qemu_run['nic'])}\b",
+        rdma,
+        re.MULTILINE,
+    ), rdma
 
 
 @pytest.mark.parametrize("when", ["first", "second"])
 def test_roce_mtu_applied(qemu_run, when):
     assert qemu_run[when]["mtu"].strip() == str(ROCE_MTU), (
-        f"{qemu_run['nic']} MTU after the {when} run: {qemu_run[when]['mtu']!r}")
+        f"{qemu_run['nic']} MTU after the {when} run: {qemu_run[when]['mtu']!r}"
+    )
 
 
 def test_persisted_files(qemu_run):
-    files = dict(line.rsplit(" ", 1) for line in qemu_run["first"]["files"].splitlines())
+    files = dict(
+        line.rsplit(" ", 1) for line in qemu_run["first"]["files"].splitlines()
+    )
     assert files["/usr/local/sbin/corral-roce-qos"] == "exec", files
     for f, kind in files.items():
         assert kind in ("file", "exec"), f"{f} is {kind}"
@@ -351,8 +395,9 @@ def test_roce_unit_ran_successfully(qemu_run):
     """The QoS unit (script: MTU, dcb trust/PFC/app, ECN sysfs) ran and succeeded."""
     state = qemu_run["first"]
     assert "UnitFileState=enabled" in state["unit"], state["unit"]
-    assert "ActiveState=active" in state["unit"] and "Result=success" in state["unit"], (
-        f"{state['unit']}\n--- journal ---\n{state['journal']}")
+    assert (
+        "ActiveState=active" in state["unit"] and "Result=success" in state["unit"]
+    ), f"{state['unit']}\n--- journal ---\n{state['journal']}"
 
 
 # ---------------------------------------------------------------- after a reboot

@@ -108,7 +108,10 @@ def prepare(lab, repo, hosts, workdir: Path, gpu_hosts: list[str], cpu_hosts: li
     env = lab.ansible_env()
     env.update({
         # Reach hosts by their inventory (DNS-like) names through the ssh config.
-        "ANSIBLE_SSH_ARGS": f"-F {ssh_config} -o ControlMaster=auto -o ControlPersist=120s",
+        # The lab's control path, so stopping a host also closes Ansible's
+        # master connection to it (else a test's "unreachable" host is not).
+        "ANSIBLE_SSH_ARGS": (f"-F {ssh_config} -o ControlMaster=auto -o ControlPersist=120s "
+                             f"-o ControlPath={lab.control_dir}/%C -o ServerAliveInterval=5"),
         "ANSIBLE_REMOTE_USER": "root",
         # Fresh fact cache: a host re-created under an old name has new facts.
         "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(workdir / "facts"),

@@ -179,10 +179,11 @@ def test_cli_exit_code_and_report_when_a_host_is_unreachable(joined):
     victim = joined["hosts"][CPU_HOSTS[0]]
     victim.stop()
     try:
+        assert not victim.reachable()
         result = run_cli(joined["setup"])
     finally:
         victim.start()
-    assert result.returncode == 1
+    assert result.returncode == 1, result.stdout + result.stderr
     rows = recap(result.stdout)
     assert rows[victim.name]["status"] == "unreachable"
     assert all(rows[n]["status"] == "ok" for n in GPU_HOSTS)
