@@ -31,6 +31,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.ansible.recap import parse_recap
+
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_DIR = REPO / "ansible"
 
@@ -63,10 +65,6 @@ HOSTS = {
     GPU2: {"groups": ["onprem_nodes", "gpu_nodes", "site_sf1", "pool_h100"]},
     CPU1: {"groups": ["onprem_nodes", "site_sf1", "pool_cpu"]},
 }
-RECAP = re.compile(
-    r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)",
-    re.MULTILINE,
-)
 
 
 def pool_vars(pool: str, gpu: bool) -> dict:
@@ -179,15 +177,7 @@ def run_playbook(
         check=False,
     )
     wall = time.monotonic() - t0
-    recap = {
-        m[0]: {
-            "ok": int(m[1]),
-            "changed": int(m[2]),
-            "unreachable": int(m[3]),
-            "failed": int(m[4]),
-        }
-        for m in RECAP.findall(res.stdout)
-    }
+    recap = parse_recap(res.stdout)
     return {
         "rc": res.returncode,
         "stdout": res.stdout,

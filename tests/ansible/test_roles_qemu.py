@@ -33,6 +33,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.ansible.recap import parse_recap
+
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_DIR = REPO / "ansible"
 
@@ -60,10 +62,6 @@ GC_THRESH = {1: 81920, 2: 92160, 3: 102400}
 ROCE_MTU = 9000
 FLANNEL_MTU = 1450  # the NIC starts at 1500 (flannel_host runs before roce)
 NODE_MODULES = ("br_netfilter", "overlay", "vxlan")
-RECAP = re.compile(
-    r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)",
-    re.MULTILINE,
-)
 
 # The test pre-play creates the soft-RoCE device the roce role then finds
 # (/sys/class/infiniband/rxe0 on the declared interface); it is changed only
@@ -189,15 +187,7 @@ def run_playbook(workdir: Path, timeout: float = 1800) -> dict:
         timeout=timeout,
         check=False,
     )
-    recap = {
-        m[0]: {
-            "ok": int(m[1]),
-            "changed": int(m[2]),
-            "unreachable": int(m[3]),
-            "failed": int(m[4]),
-        }
-        for m in RECAP.findall(res.stdout)
-    }
+    recap = parse_recap(res.stdout)
     return {
         "rc": res.returncode,
         "stdout": res.stdout,
