@@ -62,7 +62,22 @@ def ca_cert_hash(cert_pem: str) -> str:
     return "sha256:" + hashlib.sha256(spki).hexdigest()
 
 
-class CertificateAuthority:
+class KeyAndCert:
+    """A private key (always handed out as a secret) and its certificate."""
+
+    key: tls.PrivateKey
+    cert: tls.SelfSignedCert | tls.LocallySignedCert
+
+    @property
+    def cert_pem(self) -> pulumi.Output[str]:
+        return self.cert.cert_pem
+
+    @property
+    def key_pem(self) -> pulumi.Output[str]:
+        return pulumi.Output.secret(self.key.private_key_pem)
+
+
+class CertificateAuthority(KeyAndCert):
     """A self-signed CA: its key and certificate."""
 
     def __init__(self, name: str, common_name: str, parent: pulumi.Resource):
@@ -79,16 +94,8 @@ class CertificateAuthority:
             opts=opts,
         )
 
-    @property
-    def cert_pem(self) -> pulumi.Output[str]:
-        return self.cert.cert_pem
 
-    @property
-    def key_pem(self) -> pulumi.Output[str]:
-        return pulumi.Output.secret(self.key.private_key_pem)
-
-
-class IssuedCert:
+class IssuedCert(KeyAndCert):
     """A key, its certificate request and the certificate a CA signed for it."""
 
     def __init__(
@@ -125,14 +132,6 @@ class IssuedCert:
             allowed_uses=uses,
             opts=opts,
         )
-
-    @property
-    def cert_pem(self) -> pulumi.Output[str]:
-        return self.cert.cert_pem
-
-    @property
-    def key_pem(self) -> pulumi.Output[str]:
-        return pulumi.Output.secret(self.key.private_key_pem)
 
 
 @dataclass
