@@ -327,6 +327,18 @@ def test_second_run_changes_nothing(qemu_run):
     )
 
 
+@pytest.mark.parametrize("when", ["first", "second"])
+def test_rdma_check_passes_without_waiting(qemu_run, when):
+    """The role's ACTIVE check recognises the link at once (rxe is ACTIVE as
+    soon as it exists): a retry here means the check cannot read `rdma`'s
+    answer and only the final failure test would catch a down link."""
+    run = qemu_run["runs"][when]
+    retries = [line for line in run["stdout"].splitlines()
+               if "RETRYING" in line and "Wait for the RDMA links" in line]
+    assert "TASK [roce : Wait for the RDMA links to be ACTIVE]" in run["stdout"], explain(run)
+    assert retries == [], explain(run)
+
+
 # ------------------------------------------------ kernel state after the run
 
 
