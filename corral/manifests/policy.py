@@ -360,6 +360,32 @@ def autoscaler_env(cluster: Cluster) -> list[dict]:
     return env
 
 
+CONTROL_PLANE_LABEL = "node-role.kubernetes.io/control-plane"
+
+
+def autoscaler_affinity() -> dict:
+    """cluster-autoscaler runs on the API servers, never elsewhere: they hold
+    the cloud identity it scales the pools with (an Azure managed identity,
+    an AWS instance profile, a GCP service account; corral/infra/<cloud>/
+    apiservers.py), so no cloud credential is stored in the cluster."""
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": CONTROL_PLANE_LABEL, "operator": "Exists"}]}
+                ]
+            }
+        }
+    }
+
+
+def autoscaler_host_network(cluster: Cluster) -> bool:
+    """AWS only: instance credentials come from IMDSv2, whose hop limit of 1
+    (corral/infra/aws/common.py metadata_options) keeps pod networks out; a
+    host-network pod is on the instance's own interface."""
+    return cluster.control_plane.cloud == "aws"
+
+
 def off_gpu_affinity() -> dict:
     """Control-plane services stay off GPU machines (they would pin them awake)."""
     return {
@@ -373,7 +399,7 @@ def off_gpu_affinity() -> dict:
                 {
                     "weight": 100,
                     "preference": {
-                        "matchExpressions": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]
+                        "matchExpressions": [{"key": CONTROL_PLANE_LABEL, "operator": "Exists"}]
                     },
                 }
             ],

@@ -163,7 +163,8 @@ def cluster_autoscaler(cluster: Cluster) -> list[dict]:
         image=image,
         args=policy.autoscaler_args(cluster),
         env=policy.autoscaler_env(cluster),
-        off_gpu_affinity=policy.off_gpu_affinity(),
+        affinity=policy.autoscaler_affinity(),
+        host_network=policy.autoscaler_host_network(cluster),
     )
 
 

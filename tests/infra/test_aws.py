@@ -13,6 +13,7 @@ import base64
 import copy
 import gc
 import ipaddress
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,6 +85,8 @@ class Mocks(pulumi.runtime.Mocks):
             state["latestVersion"] = 1
         elif args.typ == "aws:ec2/eip:Eip":
             state["publicIp"] = "192.0.2.1"
+        elif args.typ.startswith("aws:iam/"):
+            state.setdefault("name", args.name)
         elif args.typ.startswith("aws:lb/"):
             state["arn"] = f"arn:aws:elasticloadbalancing:::{args.name}"
             state["dnsName"] = f"{args.name}.elb.amazonaws.com"
@@ -451,6 +454,35 @@ def test_api_servers_behind_internal_nlb(heron: Plan):
     assert sorted(t.inputs["targetId"] for t in targets) == sorted(m.ip for m in lay.api_servers)
     api_ips = set(heron.resolved["api"].addresses.values())
     assert lay.api_vip in api_ips and len(api_ips) == 3
+
+
+def test_autoscaler_identity_on_api_servers_only(heron: Plan):
+    """cluster-autoscaler runs on the API servers (manifests) with their
+    instance profile, which may resize only this cluster's ASGs."""
+    role = heron.one("aws:iam/role:Role", "heron-apiserver")
+    assume = json.loads(role.inputs["assumeRolePolicy"])
+    assert [st["Principal"] for st in assume["Statement"]] == [{"Service": "ec2.amazonaws.com"}]
+    policy = heron.one("aws:iam/rolePolicy:RolePolicy", "heron-cluster-autoscaler")
+    assert heron.by_id(policy.inputs["role"]) is role
+    statements = {st["Sid"]: st for st in json.loads(policy.inputs["policy"])["Statement"]}
+    scale = statements["ScaleThisClustersGroups"]
+    assert sorted(scale["Action"]) == ["autoscaling:SetDesiredCapacity", "autoscaling:TerminateInstanceInAutoScalingGroup"]
+    condition = scale["Condition"]["StringEquals"]
+    assert condition == {"aws:ResourceTag/k8s.io/cluster-autoscaler/heron": "owned"}
+    # ... the tag every pool's ASG carries
+    for group in heron.of("aws:autoscaling/group:Group"):
+        tags = {t["key"]: t["value"] for t in group.inputs["tags"]}
+        assert tags["k8s.io/cluster-autoscaler/heron"] == "owned"
+    # Discovery and node templates only read; nothing else may change capacity.
+    assert all(a.split(":")[1].startswith(("Describe", "Get")) for a in statements["Discover"]["Action"])
+    profile = heron.one("aws:iam/instanceProfile:InstanceProfile", "heron-apiserver")
+    assert profile.inputs["role"] == "heron-apiserver"
+    api_names = {m.name for m in heron.ctx.layout.api_servers}
+    for instance in heron.of("aws:ec2/instance:Instance"):
+        expected = "heron-apiserver" if instance.name in api_names else None
+        assert instance.inputs.get("iamInstanceProfile") == expected, instance.name
+    for template in heron.of("aws:ec2/launchTemplate:LaunchTemplate"):
+        assert "iamInstanceProfile" not in template.inputs, template.name
 
 
 # --- Node pools ------------------------------------------------------------------

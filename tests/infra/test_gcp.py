@@ -57,6 +57,9 @@ class GcpMocks(pulumi.runtime.Mocks):
             state["instanceGroup"] = (
                 f"https://www.googleapis.com/compute/v1/projects/{PROJECT}/zones/{zone}/instanceGroups/{name}"
             )
+        if kind == "Account":  # a service account
+            state["email"] = f"{args.inputs['accountId']}@{PROJECT}.iam.gserviceaccount.com"
+            state["project"] = PROJECT
         if kind == "HaVpnGateway":
             state["vpnInterfaces"] = [{"id": i, "ipAddress": ip} for i, ip in enumerate(HA_VPN_ADDRESSES)]
         return f"{name}-id", state
@@ -229,7 +232,8 @@ def test_every_resource_is_a_child_with_a_valid_gce_name(ibis):
     assert len(custom) > 30
     for r in custom:
         assert "corral:gcp:" in r.parent, f"{r.name} has no component parent"
-        name = r.inputs.get("name") or r.inputs.get("namePrefix")
+        # service accounts are named by accountId; IAM members by Pulumi name only
+        name = r.inputs.get("name") or r.inputs.get("namePrefix") or r.inputs.get("accountId") or r.name
         assert name and name.startswith("ibis-"), r
         if "name" in r.inputs:
             assert GCE_NAME.match(name) and len(name) <= 63, name
@@ -254,6 +258,32 @@ def test_component_signatures_match_the_contract():
 
 
 # --- Network ----------------------------------------------------------------
+
+
+def test_autoscaler_identity_on_api_servers_only(ibis):
+    """cluster-autoscaler runs on the API servers (manifests) as their
+    service account, which may administer the project's instances (the
+    pools' MIGs); pool nodes and etcd members get no such account."""
+    cluster, rec, parts = ibis
+    account = rec.named("ibis-apiserver", "Account")
+    assert account.inputs["accountId"] == "ibis-apiserver" and 6 <= len("ibis-apiserver") <= 30
+    email = f"ibis-apiserver@{PROJECT}.iam.gserviceaccount.com"
+    member = rec.named("ibis-apiserver-autoscaler", "IAMMember")
+    assert member.inputs["role"] == "roles/compute.instanceAdmin.v1"
+    assert member.inputs["member"] == f"serviceAccount:{email}"
+    assert member.inputs["project"] == PROJECT
+    api_names = {m.name for m in parts["ctx"].layout.api_servers}
+    instances = rec.of_type("Instance")
+    assert {i.inputs["name"] for i in instances} >= api_names
+    for instance in instances:
+        accounts = instance.inputs.get("serviceAccount")
+        if instance.inputs["name"] in api_names:
+            assert accounts["email"] == email
+            assert accounts["scopes"] == ["https://www.googleapis.com/auth/cloud-platform"]
+        else:
+            assert accounts is None, instance.inputs["name"]
+    for template in rec.of_type("InstanceTemplate"):
+        assert "serviceAccount" not in template.inputs, template.name
 
 
 def test_network_is_custom_mode_with_a_subnet_per_zone_range(ibis):

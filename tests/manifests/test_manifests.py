@@ -375,6 +375,22 @@ def test_autoscaler_on_aws_discovers_the_tags_the_asgs_carry():
     assert not any(a.startswith("--nodes=") for a in args)
 
 
+@pytest.mark.parametrize("name", ["heron", "ibis", "jaguar"])
+def test_autoscaler_runs_only_on_the_api_servers_that_hold_the_cloud_identity(name):
+    cluster = FLEET.clusters[name]
+    spec = pod_spec(find(objects_of(cluster), "Deployment/kube-system/cluster-autoscaler"))
+    required = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert required["nodeSelectorTerms"] == [
+        {"matchExpressions": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]}
+    ]
+    assert {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    # AWS: the instance profile's credentials come from IMDSv2 with a hop
+    # limit of 1, which only the host's own network reaches.
+    on_aws = cluster.control_plane.cloud == "aws"
+    assert spec.get("hostNetwork", False) is on_aws
+    assert spec.get("dnsPolicy") == ("ClusterFirstWithHostNet" if on_aws else None)
+
+
 def test_scale_down_guard_is_a_tenth_of_the_cloud_capacity():
     for name, capacity in (("jaguar", 200), ("heron", 420), ("ibis", 246)):
         args = autoscaler_args(FLEET.clusters[name])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 from collections.abc import Sequence
 
 import pulumi
@@ -21,9 +22,55 @@ from .common import (
     user_data_base64,
 )
 from .network import Network
+from .nodepools import cluster_owned_tag
 
 # AWS limits load balancer and target group names to 32 characters.
 LB_NAME_MAX = 32
+
+
+def autoscaler_policy(cluster_name: str) -> dict:
+    """What cluster-autoscaler's AWS provider needs (its README's "full
+    cluster autoscaler features policy"), with the two calls that change
+    capacity limited to ASGs tagged as this cluster's."""
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Sid": "Discover",
+                "Effect": "Allow",
+                "Action": [
+                    "autoscaling:DescribeAutoScalingGroups",
+                    "autoscaling:DescribeAutoScalingInstances",
+                    "autoscaling:DescribeLaunchConfigurations",
+                    "autoscaling:DescribeScalingActivities",
+                    "autoscaling:DescribeTags",
+                    "ec2:DescribeImages",
+                    "ec2:DescribeInstanceTypes",
+                    "ec2:DescribeLaunchTemplateVersions",
+                    "ec2:GetInstanceTypesFromInstanceRequirements",
+                ],
+                "Resource": "*",
+            },
+            {
+                "Sid": "ScaleThisClustersGroups",
+                "Effect": "Allow",
+                "Action": [
+                    "autoscaling:SetDesiredCapacity",
+                    "autoscaling:TerminateInstanceInAutoScalingGroup",
+                ],
+                "Resource": "*",
+                "Condition": {"StringEquals": {
+                    f"aws:ResourceTag/{cluster_owned_tag(cluster_name)}": "owned",
+                }},
+            },
+        ],
+    }
+
+
+EC2_ASSUME_ROLE = {
+    "Version": "2012-10-17",
+    "Statement": [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}],
+}
 
 
 def zone_vips(ctx: ClusterContext) -> dict[str, str]:
@@ -65,8 +112,15 @@ class ApiServers(pulumi.ComponentResource):
     admits. Health: HTTPS GET /readyz on 6443 (anonymous access to /readyz
     is allowed by the default system:public-info-viewer role).
 
+    cluster-autoscaler runs on the control plane (corral/manifests) with
+    the API servers' instance profile: a role that may resize only the ASGs
+    tagged as this cluster's (`autoscaler_policy`). It runs with host
+    networking, because IMDSv2's hop limit of 1 keeps pod networks away from
+    the instance's credentials.
+
     Attributes: instances (name -> resource), load_balancer, target_group,
-    endpoint (`vip:6443`), addresses (zone -> address), dns_name.
+    endpoint (`vip:6443`), addresses (zone -> address), dns_name,
+    autoscaler_role.
     """
 
     def __init__(
@@ -86,6 +140,26 @@ class ApiServers(pulumi.ComponentResource):
         rn = ctx.resource_name
         image = node_image()
 
+        self.autoscaler_role = aws.iam.Role(
+            rn("apiserver"),
+            description=f"API servers of {ctx.cluster.name}: cluster-autoscaler sizes the cluster's ASGs",
+            assume_role_policy=json.dumps(EC2_ASSUME_ROLE),
+            tags=tags(ctx, rn("apiserver")),
+            opts=child,
+        )
+        aws.iam.RolePolicy(
+            rn("cluster-autoscaler"),
+            role=self.autoscaler_role.id,
+            policy=json.dumps(autoscaler_policy(ctx.cluster.name)),
+            opts=child,
+        )
+        profile = aws.iam.InstanceProfile(
+            rn("apiserver"),
+            role=self.autoscaler_role.name,
+            tags=tags(ctx, rn("apiserver")),
+            opts=child,
+        )
+
         self.instances: dict[str, aws.ec2.Instance] = {}
         for i, server in enumerate(servers):
             check_zone(ctx, server.zone, f"API server {server.name}")
@@ -97,6 +171,7 @@ class ApiServers(pulumi.ComponentResource):
                 subnet_id=network.control_subnet_ids[server.zone],
                 private_ip=server.ip,
                 vpc_security_group_ids=[network.api_security_group_id],
+                iam_instance_profile=profile.name,
                 user_data_base64=user_data_base64(pick(user_data, i, "API server user data")),
                 ebs_optimized=True,
                 metadata_options=metadata_options(),

@@ -31,6 +31,11 @@ TAG_VALUE_MAX = 256
 TAGS_MAX = 50
 
 
+def cluster_owned_tag(cluster_name: str) -> str:
+    """The ASG tag (value "owned") that says a group belongs to this cluster."""
+    return f"{AUTOSCALER}/{cluster_name}"
+
+
 def autoscaler_tags(cluster: Cluster, pool: CloudPool) -> dict[str, str]:
     """The cluster autoscaler's tags for a pool's ASG.
 
@@ -41,7 +46,7 @@ def autoscaler_tags(cluster: Cluster, pool: CloudPool) -> dict[str, str]:
     """
     out = {
         f"{AUTOSCALER}/enabled": "true",
-        f"{AUTOSCALER}/{cluster.name}": "owned",
+        cluster_owned_tag(cluster.name): "owned",
     }
     for key, value in cluster.node_labels(pool).items():
         out[f"{NODE_TEMPLATE}/label/{key}"] = value

@@ -23,6 +23,12 @@ from .common import (
 )
 from .network import Network
 
+# GCE's service-account ids: 6-30 characters.
+SERVICE_ACCOUNT_ID_MAX = 30
+# cluster-autoscaler's GCE provider resizes managed instance groups and
+# deletes their instances (its FAQ: "Compute Instance Admin (v1)").
+AUTOSCALER_ROLE = "roles/compute.instanceAdmin.v1"
+
 
 class ApiServers(pulumi.ComponentResource):
     """`ctx.layout.api_servers` VMs at fixed addresses, and their load balancer.
@@ -43,8 +49,14 @@ class ApiServers(pulumi.ComponentResource):
     (`ip route add to local <vip>/32 dev <nic> table local`), or the kernel
     drops the traffic.
 
+    cluster-autoscaler runs on the control plane (corral/manifests) as the
+    API servers' own service account, which holds Compute Instance Admin on
+    the project: it can resize the pools' managed instance groups with no
+    key in the cluster.
+
     Attributes: instances (name -> gcp.compute.Instance), addresses
-    (name -> IP), endpoint ("<vip>:6443"), forwarding_rule, backend_service.
+    (name -> IP), endpoint ("<vip>:6443"), forwarding_rule, backend_service,
+    service_account.
     """
 
     def __init__(
@@ -64,6 +76,22 @@ class ApiServers(pulumi.ComponentResource):
 
         def rn(*parts: str) -> str:
             return gce_name(ctx.resource_name(*parts))
+
+        account_id = gce_name(rn("apiserver"), limit=SERVICE_ACCOUNT_ID_MAX)
+        self.service_account = gcp.serviceaccount.Account(
+            account_id,
+            account_id=account_id,
+            display_name=f"API servers of {ctx.cluster.name} (cluster-autoscaler)",
+            opts=child,
+        )
+        gcp.projects.IAMMember(
+            rn("apiserver-autoscaler"),
+            # The provider's project, where the account (and every pool) is.
+            project=self.service_account.project,
+            role=AUTOSCALER_ROLE,
+            member=self.service_account.email.apply(lambda email: f"serviceAccount:{email}"),
+            opts=child,
+        )
 
         self.instances: dict[str, gcp.compute.Instance] = {}
         self.addresses: dict[str, str] = {}
@@ -91,6 +119,11 @@ class ApiServers(pulumi.ComponentResource):
                 }],
                 tags=[TAG_APISERVER],
                 labels=labels(ctx, corral_role="apiserver"),
+                service_account={
+                    "email": self.service_account.email,
+                    # Access is decided by the account's IAM roles.
+                    "scopes": ["https://www.googleapis.com/auth/cloud-platform"],
+                },
                 metadata={"user-data": pulumi.Output.secret(pick(user_data, i, "API server user data"))},
                 scheduling={"on_host_maintenance": "MIGRATE", "automatic_restart": True},
                 allow_stopping_for_update=True,
