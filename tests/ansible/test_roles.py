@@ -228,9 +228,10 @@ def lab_run(hostlab, hostlab_repo, tmp_path_factory):
         }
         runs["first"] = run_playbook(workdir, inv_path)
         runs["second"] = run_playbook(workdir, inv_path)
-        # Failure budget: the first GPU batch fails its GPU check (the fake
-        # nvidia-smi reports 7 GPUs), so the rollout stops before the second
-        # GPU batch; the host without GPUs has joined before the GPU play.
+        # Failure budget: one GPU host fails its GPU check (the fake
+        # nvidia-smi reports 7 GPUs) with a budget of 0%, so the rollout
+        # stops before any GPU host joins; the host without GPUs has joined
+        # before the GPU plays.
         gpus = lab.hosts[GPU1].path("/etc/corral-fakes/gpus")
         gpus.parent.mkdir(parents=True, exist_ok=True)
         gpus.write_text("model=NVIDIA H100 80GB HBM3\ncount=7\n")
@@ -238,8 +239,6 @@ def lab_run(hostlab, hostlab_repo, tmp_path_factory):
             runs["budget"] = run_playbook(
                 workdir,
                 inv_path,
-                "-e",
-                "corral_reboot_batch=1",
                 "-e",
                 "corral_max_fail_percentage=0",
             )
@@ -256,6 +255,19 @@ def lab_run(hostlab, hostlab_repo, tmp_path_factory):
             "corral_host_is_container=false",
             "-e",
             "corral_nvidia_install_kernel_headers=false",
+        )
+        # The same, as if the hosts had never joined (no kubelet.conf): a
+        # reboot disrupts nothing there, so all of them activate at once.
+        runs["metal_check_fresh"] = run_playbook(
+            workdir,
+            inv_path,
+            "--check",
+            "-e",
+            "corral_host_is_container=false",
+            "-e",
+            "corral_nvidia_install_kernel_headers=false",
+            "-e",
+            "corral_kubelet_kubeconfig=/etc/kubernetes/not-joined.conf",
         )
         runs["mtu"] = run_playbook(
             workdir, inv_path, "--limit", CPU1, "-e", "corral_flannel_mtu=8950"
@@ -336,7 +348,7 @@ def test_failure_budget_stops_gpu_rollout_only(lab_run):
     out = " ".join(run["stdout"].split())
     assert recap[GPU1]["failed"] == 1, explain(run)
     assert "expected 8 x H100" in out and "found 7" in out, explain(run)
-    # the second GPU batch never started the GPU play ...
+    # the other GPU host passed its check but did not go on to join ...
     assert recap[GPU2]["failed"] == 0, explain(run)
     assert recap[GPU2]["ok"] < lab_run["runs"]["second"]["recap"][GPU2]["ok"], explain(
         run
@@ -345,25 +357,36 @@ def test_failure_budget_stops_gpu_rollout_only(lab_run):
     assert recap[CPU1] == {**lab_run["runs"]["second"]["recap"][CPU1]}, explain(run)
 
 
+def reboot_batches(out: str) -> list[list[str]]:
+    """The hosts of each "Reboot to load the declared driver" task header
+    (one header per play, and per batch of a `serial` play)."""
+    blocks = re.findall(
+        r"TASK \[nvidia_driver : Reboot to load the declared driver\][^\n]*\n(.*?)\n\n",
+        out,
+        re.DOTALL,
+    )
+    return [sorted(re.findall(r"^changed: \[([^\]]+)\]", b, re.MULTILINE)) for b in blocks]
+
+
 def test_metal_paths_in_check_mode_report_a_reboot(lab_run):
+    """Serving nodes (joined in the first run) that must reboot for the
+    driver do so one batch at a time (20% of two hosts: one per batch)."""
     run = lab_run["runs"]["metal_check"]
     assert run["rc"] == 0, explain(run)
     out = run["stdout"]
-    # the GPU play runs in batches: one task header per batch
-    reboot_task = "\n".join(
-        re.findall(
-            r"TASK \[nvidia_driver : Reboot to load the declared driver\][^\n]*\n(.*?)\n\n",
-            out,
-            re.DOTALL,
-        )
-    )
-    assert (
-        f"changed: [{GPU1}]" in reboot_task and f"changed: [{GPU2}]" in reboot_task
-    ), explain(run)
+    assert reboot_batches(out) == [[GPU1], [GPU2]], explain(run)
     # the load attempt and the reason are reported
     assert "Load kernel modules now" in out, explain(run)
     for h in HOSTS:
         assert run["recap"][h]["failed"] == 0, explain(run)
+
+
+def test_hosts_not_yet_joined_reboot_together(lab_run):
+    """A host that is not a cluster node yet runs nothing a reboot could
+    disrupt: all of them activate in one go, not in batches."""
+    run = lab_run["runs"]["metal_check_fresh"]
+    assert run["rc"] == 0, explain(run)
+    assert reboot_batches(run["stdout"]) == [sorted([GPU1, GPU2])], explain(run)
 
 
 def test_token_never_logged(lab_run):
