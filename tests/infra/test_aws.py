@@ -343,8 +343,14 @@ def test_api_kubelet_and_flannel_rules(hybrid: Plan):
                 and _covers(r, port, protocol)}
 
     assert sources("heron-api", 6443, "tcp") >= {"10.201.0.0/20", *node_subnets, *site_cidrs}
-    assert sources("heron-nodes", 10250, "tcp") >= {*node_subnets, *site_cidrs, "heron-api"}
-    assert sources("heron-nodes", flannel, "udp") >= {*node_subnets, *site_cidrs, "heron-api"}
+    # Pool nodes and API servers (kubeadm nodes running flannel, the
+    # autoscaler, monitoring) are both Kubernetes nodes: kubelet,
+    # node-exporter and VXLAN from every other node.
+    every_node = {*node_subnets, *site_cidrs, "heron-api"}
+    for group in ("heron-api", "heron-nodes"):
+        assert sources(group, 10250, "tcp") == every_node, group
+        assert sources(group, 9100, "tcp") == every_node, group
+        assert sources(group, flannel, "udp") == every_node, group
     assert sources("heron-nodes", 2379, "tcp") <= {hybrid.cluster.kubernetes.pod_cidr}
     egress = hybrid.of("aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule")
     assert len(egress) == 3

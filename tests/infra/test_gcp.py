@@ -365,7 +365,7 @@ def test_api_kubelet_and_flannel_rules(tmp_path):
     assert opens(health, "tcp", 6443)
 
     overlay = rules["ibis-overlay"]
-    assert opens(overlay, "tcp", 10250)
+    assert opens(overlay, "tcp", 10250) and opens(overlay, "tcp", 9100)  # kubelet, node-exporter
     assert opens(overlay, "udp", cluster.network.flannel.port)
     assert not opens(overlay, "tcp", 2379)
     assert node_cidrs | site_cidrs == set(overlay["sourceRanges"])

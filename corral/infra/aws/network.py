@@ -12,6 +12,7 @@ from .common import check_region, tags
 
 ETCD_PORTS = (2379, 2380)  # client, peer
 KUBELET_PORT = 10250
+NODE_EXPORTER_PORT = 9100  # hostNetwork DaemonSet (corral/templates/manifests/monitoring)
 ANYWHERE = "0.0.0.0/0"
 # "Destination unreachable: fragmentation needed": path MTU discovery between
 # jumbo-frame hosts and the VPN's smaller MTU. For ICMP, from/to port carry
@@ -31,13 +32,14 @@ class Network(pulumi.ComponentResource):
     egress open):
     - api (API servers): 6443/tcp from the VPC (the internal load balancer,
       which forwards from its own addresses), the node subnets and every site;
-      flannel's UDP port from the node subnets and sites, for VXLAN replies
-      when API servers reach webhooks in pods.
+      and the node rules below (kubeadm makes API servers nodes running
+      flannel, the autoscaler and whatever else tolerates their taint).
     - etcd (members): 2379-2380/tcp from the etcd and api groups only.
-    - nodes (cloud pools): 10250/tcp and flannel's UDP port from the node
-      subnets, the sites and the api group; with flannel direct routing all
-      traffic from the pod network (pod-to-pod packets routed between hosts
-      of one subnet arrive with pod addresses).
+    - nodes (cloud pools): 10250/tcp (kubelet), 9100/tcp (node-exporter)
+      and flannel's UDP port from the node subnets, the sites and the api
+      group; with flannel direct routing all traffic from the pod network
+      (pod-to-pod packets routed between hosts of one subnet arrive with pod
+      addresses).
     - every group: ICMP fragmentation-needed from the VPC and sites.
 
     Attributes the other components use:
@@ -198,29 +200,36 @@ class Network(pulumi.ComponentResource):
         api_port = (API_PORT, API_PORT)
         flannel_ports = (flannel, flannel)
         kubelet = (KUBELET_PORT, KUBELET_PORT)
+        node_exporter = (NODE_EXPORTER_PORT, NODE_EXPORTER_PORT)
 
-        # api
+        # api: the Kubernetes API from the VPC (load balancer), nodes and sites.
         allow(api, rn("api", "api", "vpc"), "tcp", api_port, "Kubernetes API from the VPC (load balancer)", cidr=self.cidr)
         for zone, cidr in node_subnets:
             allow(api, rn("api", "api", "nodes", zone), "tcp", api_port, f"Kubernetes API from nodes in {zone}", cidr=cidr)
-            allow(api, rn("api", "flannel", "nodes", zone), "udp", flannel_ports, f"flannel VXLAN from nodes in {zone}", cidr=cidr)
         for i, (site, cidr) in enumerate(site_cidrs):
             allow(api, rn("api", "api", site, str(i)), "tcp", api_port, f"Kubernetes API from site {site}", cidr=cidr)
-            allow(api, rn("api", "flannel", site, str(i)), "udp", flannel_ports, f"flannel VXLAN from site {site}", cidr=cidr)
 
         # etcd: peers and API servers, nothing else.
         allow(etcd, rn("etcd", "etcd", "peers"), "tcp", ETCD_PORTS, "etcd peers and clients among members", source=etcd)
         allow(etcd, rn("etcd", "etcd", "api"), "tcp", ETCD_PORTS, "etcd clients: API servers", source=api)
 
-        # nodes
-        for zone, cidr in node_subnets:
-            allow(node, rn("nodes", "kubelet", zone), "tcp", kubelet, f"kubelet from nodes in {zone}", cidr=cidr)
-            allow(node, rn("nodes", "flannel", zone), "udp", flannel_ports, f"flannel VXLAN from nodes in {zone}", cidr=cidr)
-        for i, (site, cidr) in enumerate(site_cidrs):
-            allow(node, rn("nodes", "kubelet", site, str(i)), "tcp", kubelet, f"kubelet from site {site}", cidr=cidr)
-            allow(node, rn("nodes", "flannel", site, str(i)), "udp", flannel_ports, f"flannel VXLAN from site {site}", cidr=cidr)
-        allow(node, rn("nodes", "kubelet", "api"), "tcp", kubelet, "kubelet from API servers (logs, exec)", source=api)
-        allow(node, rn("nodes", "flannel", "api"), "udp", flannel_ports, "flannel VXLAN from API servers", source=api)
+        # Every Kubernetes node - pool nodes, and the API servers, which
+        # kubeadm registers as control-plane nodes running flannel - takes
+        # the kubelet API, node-exporter and flannel VXLAN from every other
+        # node: the node subnets, the sites and the API servers. (Rule names
+        # of the api group keep "nodes" before the zone, as they always had.)
+        node_services = (
+            ("kubelet", "tcp", kubelet, "kubelet"),
+            ("node-exporter", "tcp", node_exporter, "node-exporter"),
+            ("flannel", "udp", flannel_ports, "flannel VXLAN"),
+        )
+        for role, sg, zone_prefix in (("api", api, ("nodes",)), ("nodes", node, ())):
+            for kind, protocol, ports, what in node_services:
+                for zone, cidr in node_subnets:
+                    allow(sg, rn(role, kind, *zone_prefix, zone), protocol, ports, f"{what} from nodes in {zone}", cidr=cidr)
+                for i, (site, cidr) in enumerate(site_cidrs):
+                    allow(sg, rn(role, kind, site, str(i)), protocol, ports, f"{what} from site {site}", cidr=cidr)
+                allow(sg, rn(role, kind, "api"), protocol, ports, f"{what} from API servers", source=api)
         if cluster.network.flannel.direct_routing:
             allow(node, rn("nodes", "pods"), "-1", None, "flannel direct routing: pod traffic between hosts of a subnet",
                   cidr=cluster.kubernetes.pod_cidr)

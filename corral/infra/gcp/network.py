@@ -19,6 +19,7 @@ from .common import (
 
 ETCD_PORTS = "2379-2380"  # client, peer
 KUBELET_PORT = 10250
+NODE_EXPORTER_PORT = 9100  # hostNetwork DaemonSet (corral/templates/manifests/monitoring)
 ANYWHERE = "0.0.0.0/0"
 # Where Google's health checkers (and the internal passthrough load
 # balancer's probes) come from.
@@ -69,8 +70,8 @@ class Network(pulumi.ComponentResource):
     - `<c>-apiserver-health`: 6443/tcp from Google's health-check ranges.
     - `<c>-etcd`: 2379-2380/tcp only from tags `etcd` and `apiserver` (never a
       CIDR, never 0.0.0.0/0), to tag `etcd`.
-    - `<c>-overlay`: 10250/tcp (kubelet) and flannel's UDP port from the node
-      subnets, the sites and tag `apiserver` (kubectl logs/exec; API servers
+    - `<c>-overlay`: 10250/tcp (kubelet), 9100/tcp (node-exporter) and
+      flannel's UDP port from the node subnets, the sites and tag `apiserver` (kubectl logs/exec; API servers
       reach webhook pods over the overlay), to tags `node` and `apiserver`.
     - `<c>-icmp`: ICMP from the VPC and sites (path MTU discovery across the
       VPN), to everything.
@@ -202,9 +203,9 @@ class Network(pulumi.ComponentResource):
             # source_ranges and source_tags together match either (GCP ORs them).
             "overlay": firewall(
                 "overlay",
-                "kubelet and flannel between nodes, API servers and the sites",
+                "kubelet, node-exporter and flannel between nodes, API servers and the sites",
                 [
-                    {"protocol": "tcp", "ports": [str(KUBELET_PORT)]},
+                    {"protocol": "tcp", "ports": [str(KUBELET_PORT), str(NODE_EXPORTER_PORT)]},
                     {"protocol": "udp", "ports": [flannel_port]},
                 ],
                 source_ranges=_unique([*node_cidrs, *site_cidrs]),
