@@ -100,6 +100,10 @@ def _apply(path: Path, old: str, make_new, dry_run: bool, what: str) -> None:
     # The file must not have changed under us between reading and writing.
     if path.read_text(encoding="utf-8") != old:
         fail(f"{path} changed while editing; run the command again")
+    # Python reads CRLF as LF: a file written on Windows keeps its line
+    # endings, so the pull request shows only the edited lines.
+    if path.read_bytes().split(b"\n", 1)[0].endswith(b"\r"):
+        new = new.replace("\n", "\r\n")
     write_atomic(path, new, mode=path.stat().st_mode & 0o7777)
     err.print(f"[green]wrote[/] {path}")
 

@@ -115,6 +115,18 @@ def test_scale(fleet_dir):
     assert result.exit_code == 1 and "no pool named 'nope'" in result.output
 
 
+def test_a_crlf_file_keeps_its_line_endings(fleet_dir):
+    path = fleet_dir / "heron.yaml"
+    original = path.read_bytes().replace(b"\r\n", b"\n").replace(b"\n", b"\r\n")
+    path.write_bytes(original)
+    result = run("nodepool", "scale", "heron", "gpu-a10g", "--max", "120", clusters=fleet_dir)
+    assert result.exit_code == 0, result.output
+    edited = path.read_bytes()
+    assert edited.count(b"\n") == edited.count(b"\r\n") == original.count(b"\r\n")
+    changed = [(a, b) for a, b in zip(original.split(b"\r\n"), edited.split(b"\r\n")) if a != b]
+    assert changed == [(b"    maxSize: 80", b"    maxSize: 120")]
+
+
 def test_remove_refuses_a_reserved_pool(fleet_dir):
     path = fleet_dir / "jaguar.yaml"
     before = snapshot(path)
