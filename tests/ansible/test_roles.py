@@ -247,25 +247,20 @@ def lab_run(hostlab, hostlab_repo, tmp_path_factory):
         # Bare-metal code paths (module loading, reboot decision) in check
         # mode: pretend the hosts are not containers. No kernel module nvidia
         # is loaded here, so the GPU hosts must report a reboot, not do one.
-        runs["metal_check"] = run_playbook(
-            workdir,
-            inv_path,
+        metal_check = (
             "--check",
             "-e",
             "corral_host_is_container=false",
             "-e",
             "corral_nvidia_install_kernel_headers=false",
         )
+        runs["metal_check"] = run_playbook(workdir, inv_path, *metal_check)
         # The same, as if the hosts had never joined (no kubelet.conf): a
         # reboot disrupts nothing there, so all of them activate at once.
         runs["metal_check_fresh"] = run_playbook(
             workdir,
             inv_path,
-            "--check",
-            "-e",
-            "corral_host_is_container=false",
-            "-e",
-            "corral_nvidia_install_kernel_headers=false",
+            *metal_check,
             "-e",
             "corral_kubelet_kubeconfig=/etc/kubernetes/not-joined.conf",
         )

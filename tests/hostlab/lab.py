@@ -159,7 +159,7 @@ class LabConfig:
     Every field has an environment override so CI and developers can move the
     lab without code changes: ``CORRAL_HOSTLAB_CACHE``, ``CORRAL_HOSTLAB_RUN``,
     ``CORRAL_HOSTLAB_MIRROR``, ``CORRAL_HOSTLAB_BRIDGE``,
-    ``CORRAL_HOSTLAB_SUBNET``.
+    ``CORRAL_HOSTLAB_SUBNET``, ``CORRAL_HOSTLAB_HOST_CPUS``.
     """
 
     cache_dir: Path = dataclasses.field(
@@ -176,6 +176,15 @@ class LabConfig:
     #: different prefixes because host-side veth names ("vb-" + machine) are global
     machine_prefix: str = dataclasses.field(
         default_factory=lambda: os.environ.get("CORRAL_HOSTLAB_MACHINE_PREFIX", ""))
+    #: CPU time each host may use, in cores (cgroup cpu quota); None = no
+    #: limit. Hosts of a data centre each have their own CPUs; here they
+    #: share the machine's, so one host's join does not tell how N hosts
+    #: scale. A quota with N x quota below the machine's cores gives every
+    #: host the same CPU whether it runs alone or with N-1 others
+    #: (benchmarks/bench_join.py --host-cpus).
+    host_cpus: float | None = dataclasses.field(
+        default_factory=lambda: float(os.environ["CORRAL_HOSTLAB_HOST_CPUS"])
+        if os.environ.get("CORRAL_HOSTLAB_HOST_CPUS") else None)
     suite: str = "bookworm"
     extra_packages: tuple[str, ...] = ()
     #: seconds to wait for a host to reach running/degraded
@@ -240,18 +249,24 @@ def available() -> tuple[bool, str]:
 # cgroups: one per nspawn launcher
 # --------------------------------------------------------------------------
 
-def _cgroup_hierarchies() -> list[tuple[str, Path]]:
-    """(key, directory of our own cgroup) for name=systemd, unified, memory.
-
-    Those are the hierarchies systemd-nspawn looks at; a launcher that shares
-    them with another launcher shares its ``payload`` cgroup too.
-    """
+def _own_cgroups() -> dict[str, str]:
+    """Controller (or "name=systemd", "" for cgroup v2) -> our cgroup path."""
     own: dict[str, str] = {}
     with open("/proc/self/cgroup") as fh:
         for line in fh:
             _, ctrls, path = line.rstrip("\n").split(":", 2)
             for c in (ctrls.split(",") if ctrls else [""]):
                 own[c] = path
+    return own
+
+
+def _cgroup_hierarchies() -> list[tuple[str, Path]]:
+    """(key, directory of our own cgroup) for name=systemd, unified, memory.
+
+    Those are the hierarchies systemd-nspawn looks at; a launcher that shares
+    them with another launcher shares its ``payload`` cgroup too.
+    """
+    own = _own_cgroups()
     wanted = {"name=systemd": "name=systemd", "": "unified", "memory": "memory"}
     result = []
     with open("/proc/self/mounts") as fh:
@@ -273,9 +288,50 @@ def _cgroup_hierarchies() -> list[tuple[str, Path]]:
     return result
 
 
+def _cpu_hierarchy() -> tuple[str, Path] | None:
+    """("v1" | "v2", our own cgroup directory) where the cpu controller is."""
+    own = _own_cgroups()
+    with open("/proc/self/mounts") as fh:
+        mounts = [line.split()[1:4] for line in fh]
+    for mnt, fstype, opts in mounts:
+        if fstype == "cgroup" and "cpu" in opts.split(",") and "cpu" in own:
+            d = Path(mnt) / own["cpu"].lstrip("/")
+            if os.access(d, os.W_OK):
+                return "v1", d
+    for mnt, fstype, _ in mounts:
+        if fstype == "cgroup2" and "" in own:
+            d = Path(mnt) / own[""].lstrip("/")
+            with contextlib.suppress(OSError):
+                if "cpu" in (d / "cgroup.subtree_control").read_text().split():
+                    return "v2", d
+    return None
+
+
+def _set_cpu_quota(group: str, cpus: float) -> Path:
+    """Limit the cgroup ``group`` to ``cpus`` cores; its directory."""
+    found = _cpu_hierarchy()
+    if found is None:
+        raise LabError("a CPU quota per host needs the cpu cgroup controller "
+                       "(a cgroup v1 'cpu' hierarchy, or cgroup v2 with cpu in subtree_control)")
+    version, base = found
+    d = base / group
+    d.mkdir(parents=True, exist_ok=True)
+    if version == "v1":
+        period = int((d / "cpu.cfs_period_us").read_text())
+        (d / "cpu.cfs_quota_us").write_text(str(max(1000, int(cpus * period))))
+    else:
+        (d / "cpu.max").write_text(f"{max(1000, int(cpus * 100_000))} 100000")
+    return d
+
+
 def _cgroup_dirs(group: str) -> list[Path]:
-    """The lab cgroup directories called ``group`` in every hierarchy."""
-    return [base / group for _, base in _cgroup_hierarchies()]
+    """The lab cgroup directories called ``group`` in every hierarchy (and in
+    the cpu hierarchy, where a CPU quota made one)."""
+    dirs = [base / group for _, base in _cgroup_hierarchies()]
+    cpu = _cpu_hierarchy()
+    if cpu is not None and (cpu[1] / group).is_dir() and cpu[1] / group not in dirs:
+        dirs.append(cpu[1] / group)
+    return dirs
 
 
 def _cgroup_pids(dirs: Iterable[Path]) -> set[int]:
@@ -893,6 +949,10 @@ class Lab:
         _cgroup_remove(dirs, timeout=2)
         for d in dirs:
             d.mkdir(parents=True, exist_ok=True)
+        if cfg.host_cpus:
+            quota_dir = _set_cpu_quota(group, cfg.host_cpus)
+            if quota_dir not in dirs:
+                dirs.append(quota_dir)
         (host.dir / "cgroups.json").write_text(json.dumps([str(d) for d in dirs]))
         nspawn = ["systemd-nspawn", "-q", "-b", "-D", str(host.root), "-M", host.machine,
                   f"--hostname={host.hostname}", "--register=no", "--keep-unit",
