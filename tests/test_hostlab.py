@@ -28,6 +28,7 @@ if str(_ROOT) not in sys.path:  # `pytest tests/test_hostlab.py` without pythonp
     sys.path.insert(0, str(_ROOT))
 
 from tests.hostlab import Lab, LabConfig, available  # noqa: E402
+from tests.hostlab import lab as lab_module  # noqa: E402
 from tests.hostlab.aptrepo import default_repos, render_fake  # noqa: E402
 from tests.hostlab.lab import _RULE_COMMENT_PREFIX, _mounted_under  # noqa: E402
 
@@ -234,7 +235,7 @@ def _lab_leftovers(bridge: str, run_dir: Path) -> list[str]:
         left.append(f"mounts {_mounted_under(run_dir / bridge)}")
     rules = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
     left += [r for r in rules.splitlines() if _RULE_COMMENT_PREFIX + bridge in r]
-    for hier in ("systemd", "unified", "memory"):
+    for hier in ("systemd", "unified", "memory", "cpu"):
         for d in Path("/sys/fs/cgroup", hier).rglob(f"corral-hostlab-{bridge}"):
             left.append(f"cgroup {d}")
     if (run_dir / bridge).exists():
@@ -383,8 +384,9 @@ def test_degraded_host_reports_failed_units(hostlab_hosts):
 @hostlab_only
 def test_teardown_leaves_nothing_behind(selftest_run_dir):
     """A second lab on its own bridge: boot, tear down, look for leftovers."""
+    cpu = lab_module._cpu_hierarchy()  # None: no cpu controller, no quota to test
     cfg = LabConfig(bridge="corralbr9", subnet="10.78.9.0/24", run_dir=selftest_run_dir,
-                    machine_prefix="t9-")
+                    machine_prefix="t9-", host_cpus=0.3 if cpu else None)
     forward_before = Path("/proc/sys/net/ipv4/ip_forward").read_text()
     lab = Lab(cfg)
     try:
@@ -392,6 +394,21 @@ def test_teardown_leaves_nothing_behind(selftest_run_dir):
         assert all(h.run("true").returncode == 0 for h in hosts)
         assert _lab_leftovers("corralbr9", cfg.run_dir)  # sanity: the probe sees a live lab
         pids = [h.proc.pid for h in hosts]
+        # host_cpus: every process of each host (nspawn, the container's
+        # systemd, the sshd that ran `true`, ...) sits in a cpu cgroup of
+        # its own with a 0.3-core quota.
+        if cpu is not None:
+            for h in hosts:
+                group = f"corral-hostlab-corralbr9/{h.machine}"
+                d = cpu[1] / group
+                if cpu[0] == "v1":
+                    period = int((d / "cpu.cfs_period_us").read_text())
+                    assert int((d / "cpu.cfs_quota_us").read_text()) == int(0.3 * period)
+                else:
+                    assert (d / "cpu.max").read_text().split() == ["30000", "100000"]
+                limited = lab_module._cgroup_pids([d])
+                everything = lab_module._cgroup_pids([b / group for _, b in lab_module._cgroup_hierarchies()])
+                assert len(limited) > 2 and limited == everything, (limited, everything)
     finally:
         lab.teardown()
     assert _lab_leftovers("corralbr9", cfg.run_dir) == []
