@@ -10,13 +10,17 @@ What is recorded, per registered resource (custom and component alike):
     component         the top-level component it belongs to (the table's groups)
     protect           the `protect` option the engine would get
     retainOnDelete    the `retain_on_delete` option
+    ignoreChanges     the `ignore_changes` option (only where set): inputs
+                      `pulumi up` leaves alone on an existing resource
+    deleteBeforeReplace  the `delete_before_replace` option (only where set)
     inputs            the inputs as the provider would get them, secrets
                       masked as "[secret]", values only known after a real
                       apply as "[unknown]"
 
 `MockResourceArgs` carries neither the parent nor the options, so the plan
 uses its own monitor: `RecordingMonitor` subclasses Pulumi's `MockMonitor`
-and reads `parent`, `protect` and `retainOnDelete` off each
+and reads `parent`, `protect`, `retainOnDelete`, `ignoreChanges` and
+`deleteBeforeReplace` off each
 RegisterResource request (the wire message the real engine gets), then lets
 the mock monitor answer as usual.
 
@@ -101,6 +105,8 @@ class Registration:
     retain_on_delete: bool
     custom: bool
     inputs: Any
+    ignore_changes: list[str] = field(default_factory=list)
+    delete_before_replace: bool = False
 
 
 class RecordingMonitor(pulumi_mocks.MockMonitor):
@@ -125,6 +131,8 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             retain_on_delete=bool(request.retainOnDelete) if request.HasField("retainOnDelete") else False,
             custom=bool(request.custom),
             inputs=inputs,
+            ignore_changes=list(request.ignoreChanges),
+            delete_before_replace=bool(request.deleteBeforeReplace),
         )
         # The SDK registers resources from a thread pool.
         with self._lock:
@@ -390,15 +398,21 @@ def plan_cluster(
     resources = []
     for r in monitor.registrations:
         parent, component = names[r.urn]
-        resources.append({
+        resource = {
             "type": r.type,
             "name": r.name,
             "parent": parent,
             "component": component,
             "protect": r.protect,
             "retainOnDelete": r.retain_on_delete,
-            "inputs": masker.plain(r.inputs),
-        })
+        }
+        # Only where set, so a plan lists them where they matter.
+        if r.ignore_changes:
+            resource["ignoreChanges"] = sorted(r.ignore_changes)
+        if r.delete_before_replace:
+            resource["deleteBeforeReplace"] = True
+        resource["inputs"] = masker.plain(r.inputs)
+        resources.append(resource)
     resources = masker.scrub(resources)
     outputs = masker.scrub(outputs)
     resources.sort(key=lambda res: (

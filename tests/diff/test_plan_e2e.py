@@ -35,6 +35,7 @@ VARIANTS = {
         "machine": ("machineType: r7i.2xlarge", "machineType: r7i.4xlarge"),
         "disk_type": ("type: io2, sizeGiB: 256, iops: 16000", "type: gp3, sizeGiB: 256, iops: 16000"),
         "pool": ("maxSize: 80", "maxSize: 120"),
+        "pool_min": ("minSize: 2\n    maxSize: 40", "minSize: 4\n    maxSize: 40"),
     },
     "ibis": {
         "iops": ("iops: 12000,", "iops: 14000,"),
@@ -132,3 +133,18 @@ def test_pool_resize_touches_only_the_group_and_the_autoscaler(plans, name):
     else:
         assert cloud and {c.type for c in cloud} <= GROUP[name]
     assert all(c.action == "update" and c.danger is None and c.verified for c in found)
+
+
+def test_a_group_size_the_autoscaler_owns_is_not_reported_as_a_change(plans):
+    """Raising a pool's minSize also raises its ASG's initial desiredCapacity,
+    which the program ignores once the group exists (ignore_changes: the
+    autoscaler owns it): the plan records that, and the diff shows only minSize."""
+    groups = [c for c in changes(plans, "heron", "pool_min") if c.type == "aws:autoscaling:Group"]
+    assert [c.name for c in groups] == ["heron-gpu-a10g-inference"]
+    effects = {c.path: c.effect for c in groups[0].changes}
+    assert effects["desiredCapacity"] == "ignored"
+    assert effects["minSize"] == "update"
+    assert "desiredCapacity" not in groups[0].summary()
+    group = next(r for r in plans[("heron", "base")] if r["name"] == "heron-gpu-a10g-inference"
+                 and r["type"].startswith("aws:autoscaling"))
+    assert "desiredCapacity" in group["ignoreChanges"]
