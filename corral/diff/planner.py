@@ -3,7 +3,8 @@
 Each plan runs the Pulumi program under mocks in its own worker process:
 Pulumi's mock runtime is process-global state, and two workers use both
 cores. The parent imports the plan module (and so Pulumi) before forking,
-so the workers do not pay for the imports again.
+so the workers do not pay for the imports again (a parent with threads
+uses a preloaded fork server instead: see `_worker_context`).
 
 Plans are cached on disk (env CORRAL_PLAN_CACHE: a folder, or `off`;
 default ~/.cache/corral/plans), keyed by everything a plan depends on: the
@@ -21,6 +22,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import threading
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -206,7 +208,7 @@ def plan_pairs(items: list[tuple[str, Side | None, Side | None]], jobs: int = 2,
         for i, label, (cluster, folder) in tasks:
             results[(i, label)] = _worker(cluster, str(folder))
     else:
-        context = multiprocessing.get_context("fork")
+        context = _worker_context({side[0].control_plane.cloud for _, _, side in tasks})
         with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
             futures = {(i, label): pool.submit(_worker, cluster, str(folder)) for i, label, (cluster, folder) in tasks}
             for key, future in futures.items():
@@ -226,6 +228,19 @@ def plan_pairs(items: list[tuple[str, Side | None, Side | None]], jobs: int = 2,
             error = f"plan of {name} failed: {new_error}"
         out.append((old_plan, new_plan, error))
     return out
+
+
+def _worker_context(clouds: set[str]) -> multiprocessing.context.BaseContext:
+    """`fork` from a single-threaded parent (the CLI: workers inherit the
+    imports for free); else `forkserver`, preloaded with the same modules.
+    Forking a process with threads - a parent that already ran a Pulumi
+    program in-process has gRPC threads - can hang the child on a lock
+    some thread held at the fork."""
+    if threading.active_count() == 1:
+        return multiprocessing.get_context("fork")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["corral.infra.plan", *(f"corral.infra.{cloud}" for cloud in sorted(clouds))])
+    return context
 
 
 def _preload(clouds: set[str]) -> None:
