@@ -320,6 +320,11 @@ def _set_cpu_quota(group: str, cpus: float) -> Path:
         period = int((d / "cpu.cfs_period_us").read_text())
         (d / "cpu.cfs_quota_us").write_text(str(max(1000, int(cpus * period))))
     else:
+        # cgroup v2: a leaf has cpu.max only if every cgroup between it and
+        # ours hands the cpu controller down.
+        for parent in reversed(d.relative_to(base).parents[:-1]):
+            with contextlib.suppress(OSError):
+                (base / parent / "cgroup.subtree_control").write_text("+cpu")
         (d / "cpu.max").write_text(f"{max(1000, int(cpus * 100_000))} 100000")
     return d
 
