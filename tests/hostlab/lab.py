@@ -68,7 +68,6 @@ BASE_PACKAGES: tuple[str, ...] = (
 
 DEFAULT_CACHE = "/var/cache/corral-hostlab"
 DEFAULT_RUN = "/run/corral-hostlab"
-DEFAULT_MIRROR = "http://deb.debian.org/debian"
 DEFAULT_BRIDGE = "corralbr0"
 DEFAULT_SUBNET = "10.77.0.0/24"
 
@@ -78,6 +77,44 @@ _COMPLETE_MARKER = ".corral-hostlab-complete"
 
 class LabError(RuntimeError):
     """A lab operation failed; the message says what and where to look."""
+
+
+def machine_debian_mirror(apt_etc: str | os.PathLike = "/etc/apt") -> str:
+    """The Debian archive this machine's own apt uses, for debootstrap.
+
+    Test roots fetch their packages the way the machine does, so the
+    repository never names a mirror: read the first ``deb`` source of the
+    main archive (not ``-security``/``-updates`` suites) from the deb822
+    ``*.sources`` files or the one-line ``sources.list`` format.
+    """
+    etc = Path(apt_etc)
+    files = [etc / "sources.list", *sorted((etc / "sources.list.d").glob("*.list")),
+             *sorted((etc / "sources.list.d").glob("*.sources"))]
+    for path in files:
+        try:
+            text = path.read_text()
+        except OSError:
+            continue
+        if path.suffix == ".sources":
+            for stanza in re.split(r"\n\s*\n", text):
+                fields: dict[str, str] = {}
+                for line in stanza.splitlines():
+                    if line.startswith("#") or ":" not in line or line[:1].isspace():
+                        continue
+                    key, _, value = line.partition(":")
+                    fields[key.strip().lower()] = value.strip()
+                if ("deb" in fields.get("types", "").split()
+                        and fields.get("enabled", "yes").lower() != "no"
+                        and any("-" not in suite for suite in fields.get("suites", "").split())
+                        and fields.get("uris")):
+                    return fields["uris"].split()[0].rstrip("/")
+        else:
+            for line in text.splitlines():
+                words = re.sub(r"\[[^]]*\]", " ", line.split("#", 1)[0]).split()
+                if len(words) >= 3 and words[0] == "deb" and "-" not in words[2]:
+                    return words[1].rstrip("/")
+    raise LabError(f"no Debian archive found in {etc}/sources.list(.d); "
+                   "set CORRAL_HOSTLAB_MIRROR to the Debian mirror test roots should use")
 
 
 # --------------------------------------------------------------------------
@@ -167,7 +204,7 @@ class LabConfig:
     run_dir: Path = dataclasses.field(
         default_factory=lambda: Path(os.environ.get("CORRAL_HOSTLAB_RUN", DEFAULT_RUN)))
     mirror: str = dataclasses.field(
-        default_factory=lambda: os.environ.get("CORRAL_HOSTLAB_MIRROR", DEFAULT_MIRROR))
+        default_factory=lambda: os.environ.get("CORRAL_HOSTLAB_MIRROR") or machine_debian_mirror())
     bridge: str = dataclasses.field(
         default_factory=lambda: os.environ.get("CORRAL_HOSTLAB_BRIDGE", DEFAULT_BRIDGE))
     subnet: str = dataclasses.field(
@@ -234,8 +271,11 @@ def available() -> tuple[bool, str]:
         return False, f"cannot read /proc/filesystems: {exc}"
     if not re.search(r"\boverlay\b", fs):
         return False, "overlayfs is not available in this kernel (and modprobe is not used)"
-    if not Path("/sys/class/net").exists() or not os.access("/proc/sys/net/ipv4/ip_forward", os.W_OK):
-        return False, "/proc/sys/net/ipv4/ip_forward is not writable (not in the initial network namespace?)"
+    if _proc_sys_read_only():
+        return False, ("/proc/sys is mounted read-only (this is a container): the lab cannot "
+                       "set ip_forward for its bridge")
+    if not os.access("/proc/sys/net/ipv4/ip_forward", os.W_OK):
+        return False, "/proc/sys/net/ipv4/ip_forward is not writable"
     res = subprocess.run(["iptables", "-t", "nat", "-S", "POSTROUTING"],
                          capture_output=True, text=True, timeout=20)
     if res.returncode != 0:
@@ -243,6 +283,17 @@ def available() -> tuple[bool, str]:
     if not _cgroup_hierarchies():
         return False, "no writable cgroup hierarchy found under /sys/fs/cgroup"
     return True, "ok"
+
+
+def _proc_sys_read_only() -> bool:
+    """Is /proc/sys mounted read-only (as container managers mount it)?"""
+    with contextlib.suppress(OSError):
+        with open("/proc/self/mountinfo") as fh:
+            for line in fh:
+                fields = line.split()
+                if fields[4] == "/proc/sys":
+                    return "ro" in fields[5].split(",")
+    return False
 
 
 # --------------------------------------------------------------------------
