@@ -20,4 +20,21 @@ manifests.register(app)
 
 
 def main() -> None:
+    _tools_beside_interpreter()
     app()
+
+
+def _tools_beside_interpreter() -> None:
+    """Put the interpreter's bin directory first on PATH.
+
+    corral drives ansible-playbook (through ansible-runner), which is installed
+    beside corral in the project's virtualenv; `.venv/bin/corral join` must
+    find it there without the venv being activated.
+    """
+    import os
+    import sys
+
+    bindir = os.path.dirname(sys.executable)
+    path = os.environ.get("PATH", "")
+    if bindir not in path.split(os.pathsep):
+        os.environ["PATH"] = bindir + os.pathsep + path if path else bindir
