@@ -444,3 +444,42 @@ def test_a_killed_lab_is_cleaned_up_by_the_next_one(selftest_run_dir):
         time.sleep(0.1)
     assert not _alive(nspawn_pid)
     assert _lab_leftovers("corralbr8", run_dir) == []
+
+
+# --------------------------------------------------------------------------
+# the Debian mirror comes from the machine's own apt sources
+# --------------------------------------------------------------------------
+
+def test_mirror_read_from_deb822_sources_skipping_security_and_disabled(tmp_path):
+    d = tmp_path / "sources.list.d"
+    d.mkdir()
+    (d / "a-security.sources").write_text(
+        "Types: deb\nURIs: http://mirror.example/debian-security\nSuites: bookworm-security\n"
+        "Components: main\n")
+    (d / "b-debian.sources").write_text(
+        "Types: deb-src\nURIs: http://src.example/debian\nSuites: bookworm\n\n"
+        "Enabled: no\nTypes: deb\nURIs: http://off.example/debian\nSuites: bookworm\n\n"
+        "# comment\nTypes: deb\nURIs: http://mirror.example/debian/\nSuites: bookworm bookworm-updates\n"
+        "Components: main\n")
+    assert lab_module.machine_debian_mirror(tmp_path) == "http://mirror.example/debian"
+
+
+def test_mirror_read_from_one_line_sources_list(tmp_path):
+    (tmp_path / "sources.list").write_text(
+        "# deb http://commented.example/debian bookworm main\n"
+        "deb [signed-by=/k.gpg arch=amd64] http://one.example/debian-security bookworm-security main\n"
+        "deb [signed-by=/k.gpg] http://one.example/debian bookworm main\n")
+    assert lab_module.machine_debian_mirror(tmp_path) == "http://one.example/debian"
+
+
+def test_mirror_missing_is_a_clear_error(tmp_path):
+    with pytest.raises(lab_module.LabError, match="CORRAL_HOSTLAB_MIRROR"):
+        lab_module.machine_debian_mirror(tmp_path)
+
+
+def test_read_only_proc_sys_is_the_reason_given(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(shutil, "which", lambda tool: f"/usr/bin/{tool}")
+    monkeypatch.setattr(lab_module, "_proc_sys_read_only", lambda: True)
+    ok, reason = lab_module.available()
+    assert not ok and "read-only" in reason and "container" in reason
