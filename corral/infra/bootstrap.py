@@ -55,6 +55,18 @@ MAX_PARALLEL_IMAGE_PULLS = 5
 # Replaced at boot by the boot scripts (values only the machine knows).
 NODE_NAME_PLACEHOLDER = "__CORRAL_NODE_NAME__"
 DISCOVERY_PLACEHOLDER = "__CORRAL_DISCOVERY_ENDPOINT__"
+PROVIDER_ID_PLACEHOLDER = "__CORRAL_PROVIDER_ID__"
+
+# Every cloud machine that runs a kubelet registers with the provider ID its
+# cloud's cluster-autoscaler expects, read from the instance metadata service
+# at boot (docs/cloud-nodes.md: why the kubelet flag and no cloud controller
+# manager). All three clouds serve metadata at this link-local address (GCE
+# also as metadata.google.internal; the address needs no DNS at first boot).
+PROVIDER_ID_SCRIPT = "/usr/local/sbin/corral-provider-id"
+METADATA_URL = "http://169.254.169.254"
+# The `--cloud-provider` name of each cloud's cluster-autoscaler and the
+# scheme of the provider IDs it matches nodes by (`gce://` on GCP).
+PROVIDER_ID_SCHEMES = {"aws": "aws", "azure": "azure", "gcp": "gce"}
 
 ADMISSION_PLUGINS = (
     "NodeRestriction",
@@ -174,10 +186,18 @@ def sysctl_conf(cluster: Cluster) -> str:
     ))
 
 
+def render_provider_id_script(cloud: str, metadata_url: str = METADATA_URL) -> str:
+    """The boot script printing this machine's provider ID, read from `metadata_url`."""
+    if cloud not in PROVIDER_ID_SCHEMES:
+        raise ValueError(f"no provider ID for cloud {cloud!r} (known: {', '.join(PROVIDER_ID_SCHEMES)})")
+    return render("scripts/provider-id.sh.j2", cloud=cloud, metadata_url=metadata_url)
+
+
 def node_files(cluster: Cluster) -> list[File]:
     """What every kubelet machine (API server or pool node) needs before kubeadm."""
     minor = cluster.kubernetes.minor
     return [
+        File(PROVIDER_ID_SCRIPT, render_provider_id_script(cluster.control_plane.cloud), "0755"),
         File("/etc/modules-load.d/corral.conf", "overlay\nbr_netfilter\n"),
         File("/etc/sysctl.d/90-corral.conf", sysctl_conf(cluster)),
         File("/usr/local/sbin/corral-node-prep", render(
@@ -338,6 +358,8 @@ def kubeadm_context(cluster: Cluster, lay: Layout, server: Machine, token: str, 
         "token": token,
         "ca_cert_hashes": ca_cert_hashes,
         "discovery_endpoint": DISCOVERY_PLACEHOLDER,
+        # Filled in at boot by the API server script (corral-provider-id).
+        "provider_id": PROVIDER_ID_PLACEHOLDER,
         "coscheduling_image": coscheduling_image(cluster),
     }
 
@@ -383,6 +405,7 @@ def render_api_server_cloud_init(
             server=server, first=index == 0, api_port=API_PORT, etcd_endpoints=lay.etcd_client_urls(),
             peers=[m.ip for m in lay.api_servers if m.index != index],
             discovery_placeholder=DISCOVERY_PLACEHOLDER, kubeadm_dir=KUBEADM_DIR,
+            provider_id_placeholder=PROVIDER_ID_PLACEHOLDER, provider_id_script=PROVIDER_ID_SCRIPT,
         ), "0755"),
     ]
     if index == 0:
@@ -397,15 +420,18 @@ def render_api_server_cloud_init(
 
 
 def render_join_configuration(
-    cluster: Cluster, pool: CloudPool, api_endpoint: str, token: str, ca_cert_hashes: list[str], node_name: str
+    cluster: Cluster, pool: CloudPool, api_endpoint: str, token: str, ca_cert_hashes: list[str], node_name: str,
+    provider_id: str = PROVIDER_ID_PLACEHOLDER,
 ) -> str:
-    """The shared worker JoinConfiguration, with the pool's labels and taints."""
+    """The shared worker JoinConfiguration, with the pool's labels and taints and
+    the kubelet's `--provider-id` (a placeholder the boot script fills in)."""
     return render(
         JOIN_TEMPLATE,
         api_endpoint=api_endpoint,
         token=token,
         ca_cert_hashes=ca_cert_hashes,
         node_name=node_name,
+        provider_id=provider_id,
         node_labels=cluster.node_labels(pool),
         node_taints=[{"key": t.key, "value": t.value, "effect": t.effect} for t in cluster.node_taints(pool)],
         cri_socket=CRI_SOCKET,
@@ -420,6 +446,7 @@ def render_pool_cloud_init(cluster: Cluster, lay: Layout, pool: CloudPool, token
         File(f"{KUBEADM_DIR}/join.yaml", join, "0600"),
         File("/usr/local/sbin/corral-pool-node", render(
             "scripts/pool-node.sh.j2", pool_name=pool.name, node_name_placeholder=NODE_NAME_PLACEHOLDER,
+            provider_id_placeholder=PROVIDER_ID_PLACEHOLDER, provider_id_script=PROVIDER_ID_SCRIPT,
         ), "0755"),
     ]
     return cloud_config("cloud pool node", pool.name, files, ["/usr/local/sbin/corral-pool-node"], secret=True)

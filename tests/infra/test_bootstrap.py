@@ -327,8 +327,9 @@ def test_every_boot_script_is_valid_bash(name, tmp_path):
         for path, file in cloud_config(document)[0].items()
         if file["content"].startswith("#!/bin/bash")
     ]
-    # data disk + install etcd; per API server: node-prep, hairpin, its script; pool: node-prep, its script.
-    assert len(scripts) == 2 + 3 + 3 + 2
+    # data disk + install etcd; per API server: node-prep, provider ID, hairpin, its script;
+    # pool: node-prep, provider ID, its script.
+    assert len(scripts) == 2 + 4 + 4 + 3
     for number, (path, text) in enumerate(scripts):
         script = tmp_path / f"{number}.sh"
         script.write_text(text)
