@@ -17,7 +17,7 @@ import jinja2
 from ruamel.yaml import YAML
 from ruamel.yaml.representer import SafeRepresenter
 
-from corral.model.schema import Cluster
+from corral.model.schema import LABEL_DOMAIN, Cluster
 
 from . import monitoring, policy, versions
 
@@ -105,14 +105,50 @@ def _hash(*texts: str) -> str:
 # --- add-ons ------------------------------------------------------------------
 
 
+# flannel runs as one DaemonSet per kind of node, each with its own net-conf.json.
+# DirectRouting is decided on the SENDING node: with it, flanneld installs a
+# plain route to a peer's pod subnet whenever the peer is on a directly
+# connected subnet, and VXLAN only otherwise. A plain route works only where
+# the network itself delivers packets addressed to pod IPs between the hosts:
+# an on-prem L2 segment (same rack/subnet) does; a cloud VPC/VNet does not
+# (AWS source/destination checks, no GCE routes, no Azure route table), and
+# corral adds no cloud routes. So cloud nodes (pool nodes and the API servers,
+# which kubeadm registers as nodes) always encapsulate, and only on-prem nodes
+# get `network.flannel.directRouting`. The split is by the provider label every
+# node registers with (Cluster.node_labels); nodes without it (API servers)
+# count as cloud nodes, the safe side.
+PROVIDER_LABEL = f"{LABEL_DOMAIN}/provider"
+
+
+@dataclass(frozen=True)
+class FlannelVariant:
+    """One flannel DaemonSet: the nodes it runs on and the net-conf.json they get."""
+
+    suffix: str           # "" (kube-flannel-ds, every node not on-prem) or "-onprem"
+    app: str              # pod label and DaemonSet selector (selectors must not overlap)
+    node_affinity: dict | None
+    direct_routing: bool
+
+
+def flannel_variants(cluster: Cluster) -> list[FlannelVariant]:
+    spec = cluster.network.flannel
+    takes_direct_routing = spec.backend in ("vxlan", "ipip")
+    if not cluster.onprem_pools:
+        return [FlannelVariant("", "flannel", None, False)]
+
+    def provider(operator: str) -> dict:
+        return {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": PROVIDER_LABEL, "operator": operator, "values": ["onprem"]}]}]}}
+
+    return [
+        # The existing DaemonSet keeps its name and (immutable) selector.
+        FlannelVariant("", "flannel", provider("NotIn"), False),
+        FlannelVariant("-onprem", "flannel-onprem", provider("In"), takes_direct_routing and spec.direct_routing),
+    ]
+
+
 def flannel(cluster: Cluster) -> list[dict]:
     spec = cluster.network.flannel
-    backend: dict[str, object] = {"Type": spec.backend}
-    if spec.backend == "vxlan":
-        backend.update({"VNI": spec.vni, "Port": spec.port, "DirectRouting": spec.direct_routing})
-    elif spec.backend == "ipip":
-        backend["DirectRouting"] = spec.direct_routing
-    net_conf = {"Network": cluster.kubernetes.pod_cidr, "EnableIPv4": True, "Backend": backend}
     cni_conf = {
         "name": "cbr0",
         "cniVersion": "0.3.1",
@@ -132,14 +168,30 @@ def flannel(cluster: Cluster) -> list[dict]:
             {"type": "portmap", "capabilities": {"portMappings": True}},
         ],
     }
-    net_conf_json = json.dumps(net_conf, indent=2) + "\n"
     cni_conf_json = json.dumps(cni_conf, indent=2) + "\n"
+    variants = []
+    for variant in flannel_variants(cluster):
+        backend: dict[str, object] = {"Type": spec.backend}
+        if spec.backend == "vxlan":
+            # VNI and port are the same in every variant: encapsulated packets
+            # between nodes of different variants must decapsulate.
+            backend.update({"VNI": spec.vni, "Port": spec.port, "DirectRouting": variant.direct_routing})
+        elif spec.backend == "ipip":
+            backend["DirectRouting"] = variant.direct_routing
+        net_conf = {"Network": cluster.kubernetes.pod_cidr, "EnableIPv4": True, "Backend": backend}
+        net_conf_json = json.dumps(net_conf, indent=2) + "\n"
+        variants.append({
+            "suffix": variant.suffix,
+            "app": variant.app,
+            "node_affinity": variant.node_affinity,
+            "net_conf_json": net_conf_json,
+            "net_conf_hash": _hash(net_conf_json, cni_conf_json),
+        })
     return _template(
         "flannel",
         namespace=policy.FLANNEL_NAMESPACE,
-        net_conf_json=net_conf_json,
         cni_conf_json=cni_conf_json,
-        net_conf_hash=_hash(net_conf_json, cni_conf_json),
+        variants=variants,
         images={"flannel": versions.FLANNEL, "cni_plugin": versions.FLANNEL_CNI_PLUGIN},
     )
 

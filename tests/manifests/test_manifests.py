@@ -128,22 +128,34 @@ def test_every_image_is_pinned(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_flannel_net_conf_follows_the_cluster(name):
     cluster = FLEET.clusters[name]
-    config = find(objects_of(cluster), "ConfigMap/kube-flannel/kube-flannel-cfg")["data"]
-    net = json.loads(config["net-conf.json"])
+    objects = objects_of(cluster)
     spec = cluster.network.flannel
-    assert net["Network"] == cluster.kubernetes.pod_cidr
-    assert net["Backend"] == {"Type": "vxlan", "VNI": spec.vni, "Port": spec.port, "DirectRouting": spec.direct_routing}
-    cni = json.loads(config["cni-conf.json"])
-    assert cni["plugins"][0]["delegate"]["mtu"] == spec.mtu
+    # Cloud nodes (and API servers) never route directly: their networks do
+    # not deliver pod addresses. On-prem nodes get directRouting as declared
+    # (tests/manifests/test_pod_network.py checks every pair of nodes).
+    wanted = {"kube-flannel-cfg": False}
+    if cluster.onprem_pools:
+        wanted["kube-flannel-cfg-onprem"] = spec.direct_routing
+    rendered = {o["metadata"]["name"] for o in objects.values()
+                if o["kind"] == "ConfigMap" and o["metadata"]["namespace"] == "kube-flannel"}
+    assert rendered == set(wanted)
+    for name, direct_routing in wanted.items():
+        config = find(objects, f"ConfigMap/kube-flannel/{name}")["data"]
+        net = json.loads(config["net-conf.json"])
+        assert net["Network"] == cluster.kubernetes.pod_cidr
+        assert net["Backend"] == {"Type": "vxlan", "VNI": spec.vni, "Port": spec.port, "DirectRouting": direct_routing}
+        cni = json.loads(config["cni-conf.json"])
+        assert cni["plugins"][0]["delegate"]["mtu"] == spec.mtu
 
 
 def test_flannel_runs_on_every_node_whatever_its_taints():
     objects = objects_of(FLEET.clusters["jaguar"])
-    spec = pod_spec(find(objects, "DaemonSet/kube-flannel/kube-flannel-ds"))
-    for pool in FLEET.clusters["jaguar"].node_pools:
-        for taint in FLEET.clusters["jaguar"].node_taints(pool):
-            assert policy.tolerates(spec["tolerations"], taint)
-    assert spec["priorityClassName"] == "system-node-critical"
+    for name in ("kube-flannel-ds", "kube-flannel-ds-onprem"):
+        spec = pod_spec(find(objects, f"DaemonSet/kube-flannel/{name}"))
+        for pool in FLEET.clusters["jaguar"].node_pools:
+            for taint in FLEET.clusters["jaguar"].node_taints(pool):
+                assert policy.tolerates(spec["tolerations"], taint)
+        assert spec["priorityClassName"] == "system-node-critical"
 
 
 # --- GPU node agents -----------------------------------------------------------
@@ -436,7 +448,9 @@ def test_prometheus_scrapes_pod_requests_for_billing(name):
 def test_toggling_direct_routing_changes_only_flannels_config_and_daemonset(tmp_path):
     before = FLEET.clusters["jaguar"]
     after = variant(tmp_path, "jaguar", ("directRouting: true", "directRouting: false"))
-    assert changed(before, after) == {"ConfigMap/kube-flannel/kube-flannel-cfg", "DaemonSet/kube-flannel/kube-flannel-ds"}
+    # Only on-prem nodes route directly, so only their flannel rolls.
+    assert changed(before, after) == {"ConfigMap/kube-flannel/kube-flannel-cfg-onprem",
+                                      "DaemonSet/kube-flannel/kube-flannel-ds-onprem"}
 
 
 def test_moving_a_pool_between_teams_changes_only_the_two_teams_namespaces(tmp_path):
