@@ -76,32 +76,55 @@ def join(
     pool: Annotated[Optional[str], typer.Option(help="Only this on-prem pool.")] = None,
     limit: Annotated[Optional[list[str]], typer.Option("--limit", help="Only these hosts (repeatable).")] = None,
     check: Annotated[bool, typer.Option("--check", help="Show what would change; change nothing.")] = False,
-    outputs: Annotated[Optional[Path], typer.Option(help="Stack outputs JSON (air-gapped runs) instead of `pulumi stack output`.")] = None,
+    outputs: Annotated[Optional[Path], typer.Option(help="Stack outputs JSON with apiEndpoint and caCertHash (air-gapped runs) instead of `pulumi stack output`.")] = None,
+    kubeconfig: Annotated[Optional[Path], typer.Option(
+        help="Credential that creates the run's bootstrap token (Secrets in kube-system). "
+             "Default: $KUBECONFIG, else the stack's adminKubeconfig (not with --outputs).",
+        dir_okay=False)] = None,
+    token_ttl: Annotated[str, typer.Option(
+        help="Lifetime of the run's fresh bootstrap token (5m..24h); it is deleted when the run ends.")] = "4h",
     forks: Annotated[int, typer.Option(help="Hosts configured in parallel.", min=1)] = 50,
     runs_dir: Annotated[Optional[Path], typer.Option(help="Where ansible-runner keeps artifacts.")] = None,
     extra_vars: Annotated[Optional[list[Path]], typer.Option(
         "--extra-vars", "-e", help="Variables file of site overrides (repeatable), e.g. repository URLs.",
         exists=True, dir_okay=False)] = None,
 ) -> None:
-    """Join on-prem nodes to the cluster with the Ansible roles; exit 1 if any host failed."""
-    from corral.nodes.join import JoinError, join_material, run_join, select_hosts
+    """Join on-prem nodes to the cluster with the Ansible roles; exit 1 if any host failed.
+
+    Every run creates its own bootstrap token (valid for --token-ttl, deleted
+    when the run ends); `--check` creates none.
+    """
+    from contextlib import nullcontext
+
+    from corral.nodes.join import (
+        CHECK_MODE_TOKEN, ClusterAccess, JoinError, fresh_bootstrap_token, join_material, parse_ttl, run_join,
+        select_hosts,
+    )
 
     cluster = cluster_or_exit(clusters, name)
     try:
+        ttl = parse_ttl(token_ttl)
         hosts = select_hosts(cluster, pool, limit or [])
         material = join_material(name, outputs)
         title = f"{'check' if check else 'join'} {name}: {len(hosts)} host{'s' * (len(hosts) != 1)}"
+        token_scope = nullcontext(None) if check else fresh_bootstrap_token(
+            ClusterAccess.resolve(name, kubeconfig, from_stack=outputs is None), ttl,
+            description=f"corral join {name}" + (f" --pool {pool}" if pool else ""),
+            on_warning=lambda message: err.print(f"warning: {message}", markup=False),
+        )
         # Live redraws from the tracker's report four times a second; events
         # themselves only update counters (thousands of hosts, many events each).
         tracker_report = {}
-        with Live(console=err, refresh_per_second=4, transient=True,
-                  get_renderable=lambda: _progress_table(tracker_report["r"], title)
-                  if "r" in tracker_report else Table(title=escape(title))):
-            report = run_join(
-                cluster, material, hosts, check=check, runs_dir=runs_dir, forks=forks,
-                extra_vars=extra_vars or [],
-                on_update=lambda r: tracker_report.setdefault("r", r),
-            )
+        with token_scope as token:
+            material["corral_join_token"] = token.value if token else CHECK_MODE_TOKEN
+            with Live(console=err, refresh_per_second=4, transient=True,
+                      get_renderable=lambda: _progress_table(tracker_report["r"], title)
+                      if "r" in tracker_report else Table(title=escape(title))):
+                report = run_join(
+                    cluster, material, hosts, check=check, runs_dir=runs_dir, forks=forks,
+                    extra_vars=extra_vars or [],
+                    on_update=lambda r: tracker_report.setdefault("r", r),
+                )
     except JoinError as error:
         fail(str(error))
     out.print(_progress_table(report, title, final=True))

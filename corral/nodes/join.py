@@ -1,24 +1,33 @@
 """`corral join`: run the join playbook on a cluster's on-prem nodes.
 
 ansible-runner drives `ansible/playbooks/join.yml` with the inventory built
-from the cluster file. The join material (API endpoint, bootstrap token, CA
-hash) comes from the cluster's Pulumi stack outputs, or from a JSON file for
-air-gapped runs. The token is a secret: it travels only in a 0600 file
-outside the runner's private data dir, passed as `-e @file`, deleted after
-the run; the roles mark every task that handles it `no_log`, and the run's
-artifacts are scanned for it before corral returns.
+from the cluster file. The join material: the API endpoint and the CA hash
+come from the cluster's Pulumi stack outputs, or from a JSON file for
+air-gapped runs; the bootstrap token is created fresh for every run
+(`fresh_bootstrap_token`: a `bootstrap.kubernetes.io/token` Secret that
+expires after `--token-ttl`, deleted again when the run ends), with a cluster
+credential from `--kubeconfig`, `$KUBECONFIG` or the stack's admin
+kubeconfig (`ClusterAccess`). The token is a secret: it goes to kubectl on
+stdin, to Ansible only in a 0600 file outside the runner's private data dir,
+passed as `-e @file`, deleted after the run; the roles mark every task that
+handles it `no_log`, and the run's artifacts are scanned for it before corral
+returns.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import secrets
 import shlex
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +37,13 @@ from . import inventory as inv
 
 PLAYBOOK = "playbooks/join.yml"
 # Stack output keys (see corral/infra/outputs.py) -> the roles' variables.
+# No bootstrap token among them: every run creates its own (see below).
 OUTPUT_KEYS = {
     "apiEndpoint": "corral_join_api_endpoint",
-    "bootstrapToken": "corral_join_token",
     "caCertHash": "corral_join_ca_cert_hashes",
 }
+# The stack output holding a credential that may create the token Secret.
+CREDENTIAL_OUTPUT = "adminKubeconfig"
 
 
 class JoinError(Exception):
@@ -58,11 +69,35 @@ def ansible_dir() -> Path:
     raise JoinError(f"cannot find {PLAYBOOK} under {', '.join(map(str, candidates))} (set CORRAL_ANSIBLE_DIR)")
 
 
-def join_material(cluster: str, outputs_file: Path | None) -> dict[str, Any]:
-    """The join variables, from `--outputs FILE` or `pulumi stack output`.
+def _pulumi_or_error() -> None:
+    if shutil.which("pulumi") is None:
+        raise JoinError(
+            "the pulumi CLI is not installed: install it, or pass --outputs FILE "
+            "(a JSON object with the stack outputs apiEndpoint and caCertHash) and --kubeconfig FILE"
+        )
 
-    From Pulumi only the three outputs a join needs are read, one by one, so
-    the admin kubeconfig and VPN keys never pass through corral.
+
+def _stack_output(cluster: str, key: str) -> Any:
+    """One stack output, read into memory (never printed, never a file)."""
+    _pulumi_or_error()
+    result = subprocess.run(
+        ["pulumi", "stack", "output", key, "--json", "--show-secrets", "-s", cluster],
+        capture_output=True, text=True,
+    )
+    if result.returncode != 0:
+        raise JoinError(f"pulumi stack output {key} -s {cluster} failed: {result.stderr.strip()}")
+    try:
+        return json.loads(result.stdout)
+    except json.JSONDecodeError:
+        raise JoinError(f"pulumi stack output {key} -s {cluster} did not print JSON") from None
+
+
+def join_material(cluster: str, outputs_file: Path | None) -> dict[str, Any]:
+    """The join variables but the token, from `--outputs FILE` or `pulumi stack output`.
+
+    Only the outputs a join needs are read, one by one, so the admin
+    kubeconfig and VPN keys never pass through here; a `bootstrapToken` in
+    the file is ignored (every run creates its own).
     """
     if outputs_file is not None:
         try:
@@ -75,36 +110,166 @@ def join_material(cluster: str, outputs_file: Path | None) -> dict[str, Any]:
             raise JoinError(f"{outputs_file}:{err.lineno}:{err.colno}: not JSON: {err.msg}") from None
         source = str(outputs_file)
     else:
-        if shutil.which("pulumi") is None:
-            raise JoinError(
-                "the pulumi CLI is not installed: install it, or pass --outputs FILE "
-                "(the JSON of `pulumi stack output --json --show-secrets`)"
-            )
-        outputs, source = {}, f"stack {cluster}"
-        for key in OUTPUT_KEYS:
-            result = subprocess.run(
-                ["pulumi", "stack", "output", key, "--json", "--show-secrets", "-s", cluster],
-                capture_output=True, text=True,
-            )
-            if result.returncode != 0:
-                raise JoinError(f"pulumi stack output {key} -s {cluster} failed: {result.stderr.strip()}")
-            try:
-                outputs[key] = json.loads(result.stdout)
-            except json.JSONDecodeError:
-                raise JoinError(f"pulumi stack output {key} -s {cluster} did not print JSON") from None
+        _pulumi_or_error()
+        outputs, source = {key: _stack_output(cluster, key) for key in OUTPUT_KEYS}, f"stack {cluster}"
     if not isinstance(outputs, dict):
         raise JoinError(f"{source}: expected a JSON object of stack outputs")
     missing = [key for key in OUTPUT_KEYS if not outputs.get(key)]
     if missing:
         raise JoinError(f"{source}: missing stack output(s) {', '.join(missing)}")
-    if not isinstance(outputs["bootstrapToken"], str) or not isinstance(outputs["apiEndpoint"], str):
-        raise JoinError(f"{source}: apiEndpoint and bootstrapToken must be strings")
+    if not isinstance(outputs["apiEndpoint"], str):
+        raise JoinError(f"{source}: apiEndpoint must be a string")
     hashes = outputs["caCertHash"]
     return {
         "corral_join_api_endpoint": outputs["apiEndpoint"],
-        "corral_join_token": outputs["bootstrapToken"],
         "corral_join_ca_cert_hashes": hashes if isinstance(hashes, list) else [hashes],
     }
+
+
+# ------------------------------------------------------------ bootstrap token
+# kubeadm's token format and the Secret the API server's bootstrap
+# authenticator reads (kubernetes.io/docs/reference/access-authn-authz/
+# bootstrap-tokens/): kube-system/bootstrap-token-<id>.
+TOKEN_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
+TOKEN_NAMESPACE = "kube-system"
+TOKEN_GROUP = "system:bootstrappers:kubeadm:default-node-token"
+DEFAULT_TOKEN_TTL = "4h"
+MIN_TOKEN_TTL, MAX_TOKEN_TTL = timedelta(minutes=5), timedelta(hours=24)
+# `--check` joins nothing, so it creates no token; the roles only check the format.
+CHECK_MODE_TOKEN = "check0.0000000000000000"
+_TTL = re.compile(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?\Z")
+
+
+def parse_ttl(text: str) -> timedelta:
+    """`4h`, `90m`, `2h30m`, `3600s`: how long a join's token stays valid."""
+    match = _TTL.match(text)
+    if not text or match is None:
+        raise JoinError(f"--token-ttl {text!r}: expected a duration like 4h, 90m or 2h30m")
+    hours, minutes, seconds = (int(g or 0) for g in match.groups())
+    ttl = timedelta(hours=hours, minutes=minutes, seconds=seconds)
+    if not MIN_TOKEN_TTL <= ttl <= MAX_TOKEN_TTL:
+        raise JoinError(f"--token-ttl {text}: must be between 5m and 24h (the token must outlive the run, "
+                        "and no longer)")
+    return ttl
+
+
+@dataclass(frozen=True)
+class BootstrapToken:
+    token_id: str
+    secret: str = field(repr=False)
+    expiration: datetime
+
+    @property
+    def value(self) -> str:
+        return f"{self.token_id}.{self.secret}"
+
+    @property
+    def name(self) -> str:
+        return f"bootstrap-token-{self.token_id}"
+
+    def manifest(self, description: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": self.name, "namespace": TOKEN_NAMESPACE,
+                         "labels": {"app.kubernetes.io/managed-by": "corral"}},
+            "type": "bootstrap.kubernetes.io/token",
+            "stringData": {
+                "description": description,
+                "token-id": self.token_id,
+                "token-secret": self.secret,
+                "expiration": self.expiration.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "usage-bootstrap-authentication": "true",
+                "usage-bootstrap-signing": "true",
+                "auth-extra-groups": TOKEN_GROUP,
+            },
+        }
+
+
+def new_bootstrap_token(ttl: timedelta, now: datetime | None = None) -> BootstrapToken:
+    """A random token (kubeadm's [a-z0-9]{6}.[a-z0-9]{16}) expiring `ttl` from now."""
+    now = (now or datetime.now(timezone.utc)).replace(microsecond=0)
+    pick = lambda n: "".join(secrets.choice(TOKEN_ALPHABET) for _ in range(n))  # noqa: E731
+    return BootstrapToken(pick(6), pick(16), now + ttl)
+
+
+class ClusterAccess:
+    """kubectl with the credential that creates the join's token.
+
+    The credential, first found: `--kubeconfig FILE`; `$KUBECONFIG` (as
+    kubectl reads it); the stack's admin kubeconfig, when the join reads the
+    stack (no `--outputs`). The stack's is kept in memory and written, 0600 in
+    a private temporary folder, only for each kubectl call.
+    """
+
+    def __init__(self, kubeconfig: Path | None = None, kubeconfig_text: str | None = None):
+        self.kubeconfig, self.kubeconfig_text = kubeconfig, kubeconfig_text
+
+    @classmethod
+    def resolve(cls, cluster: str, kubeconfig: Path | None, from_stack: bool) -> ClusterAccess:
+        if kubeconfig is not None:
+            if not Path(kubeconfig).is_file():
+                raise JoinError(f"--kubeconfig {kubeconfig}: no such file")
+            return cls(kubeconfig=Path(kubeconfig))
+        if os.environ.get("KUBECONFIG"):
+            return cls()
+        if from_stack:
+            text = _stack_output(cluster, CREDENTIAL_OUTPUT)
+            if not isinstance(text, str) or not text.strip():
+                raise JoinError(f"stack {cluster}: stack output {CREDENTIAL_OUTPUT} is missing or empty")
+            return cls(kubeconfig_text=text)
+        raise JoinError(
+            "creating the join's bootstrap token needs a credential for the cluster that may create "
+            "Secrets in kube-system: pass --kubeconfig FILE or set KUBECONFIG "
+            "(or leave out --outputs to use the stack's)"
+        )
+
+    def kubectl(self, args: list[str], stdin: str = "") -> subprocess.CompletedProcess:
+        exe = shutil.which("kubectl")
+        if exe is None:
+            raise JoinError("kubectl is not installed: it creates the join's bootstrap token")
+        if self.kubeconfig_text is None:
+            prefix = [exe] + (["--kubeconfig", str(self.kubeconfig)] if self.kubeconfig else [])
+            return subprocess.run(prefix + args, input=stdin, capture_output=True, text=True, timeout=120)
+        with tempfile.TemporaryDirectory(prefix="corral-kubeconfig-") as folder:
+            path = Path(folder) / "kubeconfig"
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(self.kubeconfig_text)
+            return subprocess.run([exe, "--kubeconfig", str(path), *args], input=stdin,
+                                  capture_output=True, text=True, timeout=120)
+
+
+def _masked(text: str, token: BootstrapToken) -> str:
+    return text.strip().replace(token.secret, "<token-secret>")
+
+
+@contextmanager
+def fresh_bootstrap_token(
+    access: ClusterAccess, ttl: timedelta, description: str,
+    on_warning: Callable[[str], None] = lambda message: None,
+) -> Iterator[BootstrapToken]:
+    """A new bootstrap token for one join run, deleted when the run ends.
+
+    Created with `kubectl create` (not `apply`, whose last-applied annotation
+    would keep the secret in plain text), from stdin (never argv). Should the
+    deletion fail, the token still expires at its `expiration`, and the
+    API server's token cleaner removes it.
+    """
+    token = new_bootstrap_token(ttl)
+    result = access.kubectl(["create", "-f", "-", "-o", "name"], json.dumps(token.manifest(description)))
+    if result.returncode != 0:
+        raise JoinError(f"could not create the join's bootstrap token in {TOKEN_NAMESPACE}: "
+                        f"{_masked(result.stderr or result.stdout, token)}")
+    try:
+        yield token
+    finally:
+        result = access.kubectl(["delete", "secret", token.name, "--namespace", TOKEN_NAMESPACE,
+                                 "--ignore-not-found"])
+        if result.returncode != 0:
+            on_warning(f"could not delete bootstrap token {token.token_id} "
+                       f"({_masked(result.stderr, token)}); it expires at "
+                       f"{token.manifest('')['stringData']['expiration']}")
 
 
 def select_hosts(cluster: Cluster, pool: str | None, limit: list[str]) -> list[str]:
@@ -254,7 +419,10 @@ def run_join(
         runner = _run_playbook(cluster, material, hosts, check, runs_dir, tracker, forks, extra_vars, playbooks)
     finally:
         # Scan even when the run was interrupted: artifacts outlive the run.
-        leaks = _leaked(runs_dir, str(material["corral_join_token"]))
+        # The secret half alone is the secret (the id is public); `--check`'s
+        # placeholder is no secret.
+        token = str(material["corral_join_token"])
+        leaks = _leaked(runs_dir, token.rsplit(".", 1)[-1]) if token != CHECK_MODE_TOKEN else []
         for path in leaks:
             path.unlink()
     if leaks:

@@ -1,17 +1,28 @@
-"""`corral join`'s logic that needs no hosts: inputs, host selection, event folding."""
+"""`corral join`'s logic that needs no hosts: inputs, host selection, event
+folding, the fresh bootstrap token per run (against a fake kubectl and a fake
+pulumi at the process boundary) and the secret's path through ansible-runner
+(a fake ansible_runner module)."""
 
 from __future__ import annotations
 
 import json
+import os
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from corral.cli import app
 from corral.model import load_cluster
-from corral.nodes.join import EventTracker, JoinError, join_material, select_hosts
+from corral.nodes.join import EventTracker, JoinError, join_material, parse_ttl, select_hosts
 from tests.conftest import EXAMPLES
 
-OUTPUTS = {"apiEndpoint": "10.200.0.5:6443", "bootstrapToken": "abcdef.0123456789abcdef",
+# A stale token in the outputs (what the stack used to hand out): never used.
+STALE_TOKEN = "abcdef.0123456789abcdef"
+OUTPUTS = {"apiEndpoint": "10.200.0.5:6443", "bootstrapToken": STALE_TOKEN,
            "caCertHash": "sha256:" + "ab" * 32}
+HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="module")
@@ -19,13 +30,12 @@ def jaguar():
     return load_cluster(EXAMPLES / "jaguar.yaml")
 
 
-def test_join_material_from_outputs_file(tmp_path):
+def test_join_material_from_outputs_file_never_takes_its_token(tmp_path):
     path = tmp_path / "outputs.json"
     path.write_text(json.dumps(OUTPUTS))
     material = join_material("jaguar", path)
     assert material == {
         "corral_join_api_endpoint": "10.200.0.5:6443",
-        "corral_join_token": "abcdef.0123456789abcdef",
         "corral_join_ca_cert_hashes": ["sha256:" + "ab" * 32],
     }
 
@@ -33,7 +43,8 @@ def test_join_material_from_outputs_file(tmp_path):
 @pytest.mark.parametrize("text, message", [
     ("{not json", "not JSON"),
     ("[1, 2]", "expected a JSON object"),
-    (json.dumps({"apiEndpoint": "x"}), "missing stack output(s) bootstrapToken, caCertHash"),
+    (json.dumps({"apiEndpoint": "x"}), "missing stack output(s) caCertHash"),
+    (json.dumps({"caCertHash": "sha256:00"}), "missing stack output(s) apiEndpoint"),
 ])
 def test_join_material_errors(tmp_path, text, message):
     path = tmp_path / "outputs.json"
@@ -116,7 +127,9 @@ class FakeAnsibleRunner:
                            "secret_text": secret.read_text(), "secret_path": secret})
         artifacts = Path(kwargs["private_data_dir"]) / "artifacts" / "fake-run"
         artifacts.mkdir(parents=True, exist_ok=True)
-        (artifacts / "stdout").write_text("TASK [kubelet_join] ok\n" + (OUTPUTS["bootstrapToken"] if self.leak else ""))
+        token = re.search(r'"corral_join_token": "([^"]+)"', secret.read_text()).group(1)
+        # A leaking task would print the token (or its secret half).
+        (artifacts / "stdout").write_text("TASK [kubelet_join] ok\n" + (token.split(".")[1] if self.leak else ""))
         if self.interrupt:
             raise KeyboardInterrupt
         for host in ("gpu-001.sf1.internal",):
@@ -133,8 +146,11 @@ def fake_runner(monkeypatch):
     return install
 
 
+TOKEN = "kst7ab.0123456789abcdef"
+
+
 def _material():
-    return {"corral_join_api_endpoint": OUTPUTS["apiEndpoint"], "corral_join_token": OUTPUTS["bootstrapToken"],
+    return {"corral_join_api_endpoint": OUTPUTS["apiEndpoint"], "corral_join_token": TOKEN,
             "corral_join_ca_cert_hashes": [OUTPUTS["caCertHash"]]}
 
 
@@ -144,8 +160,8 @@ def test_the_token_travels_only_in_a_private_file_that_is_removed(jaguar, tmp_pa
     fake = fake_runner()
     report = run_join(jaguar, _material(), ["gpu-001.sf1.internal"], runs_dir=tmp_path / "runs")
     call = fake.calls[0]
-    assert OUTPUTS["bootstrapToken"] not in call["cmdline"]
-    assert call["secret_mode"] == 0o600 and OUTPUTS["bootstrapToken"] in call["secret_text"]
+    assert TOKEN not in call["cmdline"]
+    assert call["secret_mode"] == 0o600 and TOKEN in call["secret_text"]
     assert not call["secret_path"].exists()
     assert str(tmp_path / "runs") not in str(call["secret_path"])  # never inside the artifacts dir
     assert call["suppress_env_files"] is True and call["limit"] == "gpu-001.sf1.internal"
@@ -169,3 +185,196 @@ def test_artifacts_are_scanned_even_when_the_run_is_interrupted(jaguar, tmp_path
     with pytest.raises(KeyboardInterrupt):
         run_join(jaguar, _material(), ["gpu-001.sf1.internal"], runs_dir=tmp_path / "runs")
     assert not list((tmp_path / "runs").rglob("stdout"))
+
+
+# ------------------------------------------------- a fresh token per join run
+
+
+@pytest.mark.parametrize("text, ttl", [("4h", timedelta(hours=4)), ("90m", timedelta(minutes=90)),
+                                       ("2h30m", timedelta(hours=2, minutes=30)), ("3600s", timedelta(hours=1))])
+def test_token_ttl_parses(text, ttl):
+    assert parse_ttl(text) == ttl
+
+
+@pytest.mark.parametrize("text", ["", "4", "4 hours", "-1h", "1d", "0s", "4m", "25h", "4h\n"])
+def test_token_ttl_refuses_nonsense_and_long_lives(text):
+    with pytest.raises(JoinError, match="--token-ttl"):
+        parse_ttl(text)
+
+
+class FakeKubectl:
+    """Reads what the fake kubectl (tests/nodes/fake_kubectl) was asked."""
+
+    def __init__(self, log: Path):
+        self.log = log
+
+    def calls(self) -> list[dict]:
+        return [json.loads(line) for line in self.log.read_text().splitlines()] if self.log.exists() else []
+
+    def created(self) -> list[dict]:
+        return [c["object"] for c in self.calls() if "object" in c]
+
+    def existing(self) -> dict:
+        store = Path(str(self.log) + ".secrets.json")
+        return json.loads(store.read_text()) if store.exists() else {}
+
+
+@pytest.fixture
+def fake_kubectl(tmp_path, monkeypatch):
+    """The fake kubectl first on PATH (a process boundary), and no ambient kubeconfig."""
+    bin_dir = tmp_path / "fake-bin"
+    bin_dir.mkdir()
+    (bin_dir / "kubectl").symlink_to(HERE / "fake_kubectl")
+    (bin_dir / "pulumi").symlink_to(HERE / "fake_pulumi")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_KUBECTL_LOG", str(tmp_path / "kubectl.jsonl"))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("FAKE_KUBECTL_FAIL", raising=False)
+    return FakeKubectl(tmp_path / "kubectl.jsonl")
+
+
+@pytest.fixture
+def join_cli(tmp_path, fleet_dir, fake_runner):
+    """`corral join jaguar --limit gpu-001...` in process, with the fake runner."""
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps(OUTPUTS))
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\n# short-lived credential\n")
+
+    def run(*extra, outputs_file=outputs, runner=None):
+        fake = runner or fake_runner()
+        args = ["join", "jaguar", "--clusters", str(fleet_dir), "--limit", "gpu-001.sf1.internal",
+                "--runs-dir", str(tmp_path / "runs"), *extra]
+        if outputs_file is not None:
+            args += ["--outputs", str(outputs_file)]
+        result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+        return result, fake
+
+    run.kubeconfig = kubeconfig
+    run.runs = tmp_path / "runs"
+    return run
+
+
+def _token_given_to_ansible(fake) -> str:
+    return json.loads(fake.calls[0]["secret_text"])["corral_join_token"]
+
+
+def test_every_run_creates_a_fresh_token_that_expires_and_is_deleted(join_cli, fake_kubectl):
+    tokens = []
+    for _ in range(2):
+        before = datetime.now(timezone.utc).replace(microsecond=0)
+        result, fake = join_cli("--kubeconfig", str(join_cli.kubeconfig))
+        after = datetime.now(timezone.utc)
+        assert result.exit_code == 0, result.output
+        created = fake_kubectl.created()[-1]
+        data = created["stringData"]
+        token = f"{data['token-id']}.{data['token-secret']}"
+        # The token Ansible joined with is the one just created, not the stale output.
+        assert _token_given_to_ansible(fake) == token != STALE_TOKEN
+        assert created["metadata"] == {"name": f"bootstrap-token-{data['token-id']}", "namespace": "kube-system",
+                                       "labels": {"app.kubernetes.io/managed-by": "corral"}}
+        assert created["type"] == "bootstrap.kubernetes.io/token"
+        assert data["usage-bootstrap-authentication"] == data["usage-bootstrap-signing"] == "true"
+        assert data["auth-extra-groups"] == "system:bootstrappers:kubeadm:default-node-token"
+        expiration = datetime.strptime(data["expiration"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+        assert before + timedelta(hours=4) <= expiration <= after + timedelta(hours=4)
+        # Deleted when the run ended; the TTL covers a run that could not delete it.
+        assert fake_kubectl.existing() == {}
+        tokens.append(token)
+    assert tokens[0] != tokens[1] and tokens[0].split(".")[0] != tokens[1].split(".")[0]
+    for call in fake_kubectl.calls():
+        assert call["kubeconfig"] == str(join_cli.kubeconfig)
+        # The token only ever on stdin: never in argv (visible in ps).
+        assert not any(t.split(".")[1] in arg for t in tokens for arg in call["argv"])
+    assert [c["argv"][2:4] for c in fake_kubectl.calls()] == [["create", "-f"], ["delete", "secret"]] * 2
+
+
+def test_the_fresh_token_is_in_no_artifact_log_or_output(join_cli, fake_kubectl):
+    result, fake = join_cli("--kubeconfig", str(join_cli.kubeconfig))
+    assert result.exit_code == 0, result.output
+    secret = fake_kubectl.created()[0]["stringData"]["token-secret"]
+    assert secret not in result.output
+    files = [p for p in join_cli.runs.rglob("*") if p.is_file()]
+    assert files, "the fake run leaves artifacts to scan"
+    assert not [p for p in files if secret in p.read_text(errors="ignore")]
+    assert not fake.calls[0]["secret_path"].exists()
+
+
+def test_a_leaked_fresh_token_is_found_and_the_token_deleted(join_cli, fake_kubectl, fake_runner):
+    result, _ = join_cli("--kubeconfig", str(join_cli.kubeconfig), runner=fake_runner(leak=True))
+    assert result.exit_code == 1
+    assert "bootstrap token appeared in run artifacts" in result.output
+    assert fake_kubectl.existing() == {}
+
+
+def test_token_ttl_option_sets_the_expiration(join_cli, fake_kubectl):
+    before = datetime.now(timezone.utc).replace(microsecond=0)
+    result, _ = join_cli("--kubeconfig", str(join_cli.kubeconfig), "--token-ttl", "30m")
+    assert result.exit_code == 0, result.output
+    data = fake_kubectl.created()[0]["stringData"]
+    expiration = datetime.strptime(data["expiration"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    assert before + timedelta(minutes=30) <= expiration <= datetime.now(timezone.utc) + timedelta(minutes=30)
+
+
+def test_the_credential_can_come_from_KUBECONFIG(join_cli, fake_kubectl, monkeypatch):
+    monkeypatch.setenv("KUBECONFIG", str(join_cli.kubeconfig))
+    result, _ = join_cli()
+    assert result.exit_code == 0, result.output
+    assert {(c["kubeconfig"], c["env_kubeconfig"]) for c in fake_kubectl.calls()} == {(None, str(join_cli.kubeconfig))}
+
+
+def test_without_a_credential_the_error_says_where_it_comes_from(join_cli, fake_kubectl):
+    result, fake = join_cli()
+    assert result.exit_code == 1
+    assert "--kubeconfig FILE or set KUBECONFIG" in " ".join(result.output.split())
+    assert fake_kubectl.calls() == [] and fake.calls == []
+
+
+def test_a_refused_token_stops_the_join_before_any_host(join_cli, fake_kubectl, monkeypatch):
+    monkeypatch.setenv("FAKE_KUBECTL_FAIL", "create")
+    result, fake = join_cli("--kubeconfig", str(join_cli.kubeconfig))
+    assert result.exit_code == 1
+    assert "could not create the join's bootstrap token" in result.output and "Forbidden" in result.output
+    assert fake.calls == []
+
+
+def test_a_token_that_cannot_be_deleted_is_named_with_its_expiry(join_cli, fake_kubectl, monkeypatch):
+    monkeypatch.setenv("FAKE_KUBECTL_FAIL", "delete")
+    result, _ = join_cli("--kubeconfig", str(join_cli.kubeconfig))
+    assert result.exit_code == 0, result.output
+    data = fake_kubectl.created()[0]["stringData"]
+    output = " ".join(result.output.split())
+    assert f"could not delete bootstrap token {data['token-id']}" in output and data["expiration"] in output
+    assert data["token-secret"] not in result.output
+
+
+def test_an_interrupted_run_still_deletes_its_token(join_cli, fake_kubectl, fake_runner):
+    result, _ = join_cli("--kubeconfig", str(join_cli.kubeconfig), runner=fake_runner(interrupt=True))
+    assert result.exit_code != 0
+    assert len(fake_kubectl.created()) == 1 and fake_kubectl.existing() == {}
+
+
+def test_check_mode_creates_no_token(join_cli, fake_kubectl):
+    result, fake = join_cli("--check")
+    assert result.exit_code == 0, result.output
+    assert fake_kubectl.calls() == []
+    assert "--check" in fake.calls[0]["cmdline"]
+
+
+def test_from_the_stack_the_admin_credential_lives_only_for_the_kubectl_call(join_cli, fake_kubectl,
+                                                                              tmp_path, monkeypatch):
+    stack = tmp_path / "stack-outputs.json"
+    admin = "apiVersion: v1\nkind: Config\n# kubernetes-admin of jaguar\n"
+    stack.write_text(json.dumps({**OUTPUTS, "adminKubeconfig": admin, "vpnSharedKeys": {"sf1": "psk"}}))
+    monkeypatch.setenv("FAKE_PULUMI_OUTPUTS", str(stack))
+    result, fake = join_cli(outputs_file=None)
+    assert result.exit_code == 0, result.output
+    asked = [json.loads(line)[2] for line in Path(str(stack) + ".calls").read_text().splitlines()]
+    assert sorted(asked) == ["adminKubeconfig", "apiEndpoint", "caCertHash"]  # never the VPN keys or the old token
+    calls = fake_kubectl.calls()
+    assert len(calls) == 2 and all(c["kubeconfig_text"] == admin and c["kubeconfig_mode"] == 0o600 for c in calls)
+    for call in calls:
+        path = Path(call["kubeconfig"])
+        assert not path.exists() and not path.parent.exists()
+        assert str(join_cli.runs) not in str(path)
+    assert _token_given_to_ansible(fake) != STALE_TOKEN
