@@ -31,7 +31,20 @@ ClustersOption = Annotated[
         file_okay=False,
     ),
 ]
-ClusterArg = Annotated[str, typer.Argument(help="Cluster name (clusters/<name>.yaml).", show_default=False)]
+
+
+def check_cluster_name(name: str) -> str:
+    """A cluster name is a DNS label: never a path, so it cannot leave --clusters."""
+    from corral.model.schema import check_dns_label
+
+    try:
+        return check_dns_label(name)
+    except ValueError as error:
+        raise typer.BadParameter(f"cluster name {error}") from None
+
+
+ClusterArg = Annotated[str, typer.Argument(
+    help="Cluster name (clusters/<name>.yaml).", show_default=False, callback=check_cluster_name)]
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -58,10 +71,23 @@ def fleet_or_exit(paths: list[Path]) -> Fleet:
         report_problems(failed)
 
 
+def cluster_path(clusters: Path, name: str) -> Path:
+    """clusters/NAME.yaml, refused unless NAME is a cluster name and the file is inside `clusters`.
+
+    The argument callback already checks the name; this holds for every
+    caller, and also refuses a symbolic link that points out of the folder.
+    """
+    check_cluster_name(name)
+    path = clusters / f"{name}.yaml"
+    if clusters.exists() and not path.resolve().is_relative_to(clusters.resolve()):
+        fail(f"{path} leads outside {clusters} (to {path.resolve()}); refusing to use it")
+    return path
+
+
 def cluster_or_exit(clusters: Path, name: str) -> Cluster:
     """One cluster, validated together with the rest of its fleet."""
-    path = clusters / f"{name}.yaml"
-    if "/" in name or not path.is_file():
+    path = cluster_path(clusters, name)
+    if not path.is_file():
         known = sorted(p.stem for p in clusters.glob("*.yaml")) if clusters.is_dir() else []
         fail(f"no cluster '{name}': {path} does not exist" + (f" (clusters: {', '.join(known)})" if known else ""))
     fleet = fleet_or_exit([clusters])

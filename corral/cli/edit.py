@@ -16,6 +16,8 @@ from .common import (
     DEFAULT_CLUSTERS,
     ClusterArg,
     ClustersOption,
+    check_cluster_name,
+    cluster_path,
     err,
     fail,
     out,
@@ -48,7 +50,7 @@ def _pairs(values: Optional[list[str]], option: str) -> Optional[dict[str, str]]
 
 
 def _cluster_file(clusters: Path, name: str) -> Path:
-    path = clusters / f"{name}.yaml"
+    path = cluster_path(clusters, name)
     if not path.is_file():
         known = sorted(p.stem for p in clusters.glob("*.yaml")) if clusters.is_dir() else []
         fail(f"no cluster '{name}': {path} does not exist" + (f" (clusters: {', '.join(known)})" if known else ""))
@@ -294,7 +296,8 @@ def stack_text(name: str, cloud: str, region: str) -> str:
 
 
 def new(
-    name: Annotated[str, typer.Argument(help="Cluster name (a lower-case DNS label).", show_default=False)],
+    name: Annotated[str, typer.Argument(
+        help="Cluster name (a lower-case DNS label).", show_default=False, callback=check_cluster_name)],
     cloud: Annotated[str, typer.Option(help="azure, aws or gcp: where the control plane runs.", show_default=False)],
     region: Annotated[str, typer.Option(help="The cloud region, e.g. eastus2, us-west-2, us-central1.",
                                         show_default=False)],
@@ -315,7 +318,7 @@ def new(
 
     if cloud not in CLOUDS:
         raise typer.BadParameter(f"must be one of {', '.join(CLOUDS)}", param_hint="--cloud")
-    path = clusters / f"{name}.yaml"
+    path = cluster_path(clusters, name)
     stack = stacks / f"Pulumi.{name}.yaml"
     for existing in (path, stack):
         if existing.exists():

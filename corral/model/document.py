@@ -15,8 +15,24 @@ from typing import Any
 
 from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.events import AliasEvent, CollectionEndEvent, CollectionStartEvent
 
 PathElem = str | int
+
+# A cluster file is a few hundred lines; these limits are far above any real
+# one and far below what hurts: a deeply nested file makes the YAML
+# constructors recurse (a RecursionError in Python, a crash of the C loader
+# at ~30,000 levels), and a huge one only costs memory. Both are checked
+# before any parser builds a tree.
+MAX_FILE_BYTES = 4 * 1024 * 1024
+MAX_DEPTH = 64
+
+
+def one_line(text: str) -> str:
+    """`text` with line breaks and other control characters escaped: a report line stays one line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 @dataclass(frozen=True, order=True)
@@ -37,7 +53,9 @@ class Problem:
         return out or "(file)"
 
     def __str__(self) -> str:
-        return f"{self.file}:{self.line}:{self.column}: {self.field_path}: {self.message}"
+        # Keys and values come from the file: escape them, so a hostile file
+        # cannot add lines to the report or drive the terminal.
+        return one_line(f"{self.file}:{self.line}:{self.column}: {self.field_path}: {self.message}")
 
 
 class ValidationFailed(Exception):
@@ -52,6 +70,53 @@ def _fast_loader() -> YAML:
     return YAML(typ="safe", pure=False)
 
 
+def limit_error(text: str) -> tuple[int, int, str] | None:
+    """(line, column, message) when `text` is too large or too deeply nested to load.
+
+    Walks the parser's event stream, which builds no tree and keeps its own
+    stack (no recursion), and stops at the first collection past the limit.
+    An alias counts as deep as the collection it names, so anchors cannot
+    stack shallow pieces into a deep tree. Syntax errors are left to the
+    loader, which reports them with their position.
+    """
+    size = len(text.encode("utf-8", errors="surrogatepass"))
+    if size > MAX_FILE_BYTES:
+        return 1, 1, f"file is {size:,} bytes; a cluster file may have at most {MAX_FILE_BYTES:,}"
+    depth = 0
+    # Per open collection: [anchor, depth it opened at, deepest level below it].
+    open_: list[list] = []
+    anchor_depth: dict[str, int] = {}
+    try:
+        for event in _fast_loader().parse(text):
+            reached = None
+            if isinstance(event, CollectionStartEvent):
+                depth += 1
+                open_.append([event.anchor, depth, depth])
+                reached = depth
+            elif isinstance(event, CollectionEndEvent) and open_:
+                anchor, opened, deepest = open_.pop()
+                depth -= 1
+                if anchor is not None:
+                    anchor_depth[anchor] = deepest - opened + 1
+                if open_:
+                    open_[-1][2] = max(open_[-1][2], deepest)
+            elif isinstance(event, AliasEvent):
+                reached = depth + anchor_depth.get(event.anchor, 0)
+            elif getattr(event, "anchor", None) is not None:
+                anchor_depth[event.anchor] = 0  # an anchored scalar
+            if reached is not None:
+                if open_:
+                    open_[-1][2] = max(open_[-1][2], reached)
+                if reached > MAX_DEPTH:
+                    mark = event.start_mark
+                    return mark.line + 1, mark.column + 1, (
+                        f"YAML nested deeper than {MAX_DEPTH} levels; a cluster file is a few levels deep"
+                    )
+    except (YAMLError, RecursionError, MemoryError):
+        return None  # the loader reports it
+    return None
+
+
 class Document:
     """One cluster file's text and data, with positions found on demand."""
 
@@ -64,6 +129,12 @@ class Document:
     @classmethod
     def read(cls, path: Path, display: str | None = None) -> Document:
         try:
+            size = path.stat().st_size
+            if size > MAX_FILE_BYTES:  # before reading it all into memory
+                raise ValidationFailed([Problem(
+                    display or str(path), 1, 1, (),
+                    f"file is {size:,} bytes; a cluster file may have at most {MAX_FILE_BYTES:,}",
+                )])
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as err:
             raise ValidationFailed(
@@ -77,6 +148,7 @@ class Document:
 
     def load(self) -> Any:
         """The file's data as plain dicts, lists and scalars."""
+        self.check_limits()
         try:
             return _fast_loader().load(self.text)
         except MarkedYAMLError as err:
@@ -93,8 +165,15 @@ class Document:
                 [Problem(self.display, 1, 1, (), "YAML nested too deeply to be a cluster file")]
             ) from None
 
+    def check_limits(self) -> None:
+        """ValidationFailed when the text is too large or deep for any YAML parser here."""
+        if found := limit_error(self.text):
+            line, col, message = found
+            raise ValidationFailed([Problem(self.display, line, col, (), message)])
+
     def _round_trip(self) -> Any:
         if self._tree is None:
+            self.check_limits()
             yaml = YAML(typ="rt")
             yaml.allow_duplicate_keys = True
             self._tree = yaml.load(self.text)

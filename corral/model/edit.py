@@ -45,7 +45,7 @@ from ruamel.yaml.events import (
 )
 
 from . import rules
-from .document import Document, Problem, ValidationFailed
+from .document import Document, Problem, ValidationFailed, limit_error
 from .loader import CLUSTER_SUFFIX, parse_document
 from .schema import CLOUDS, CloudPool, Cluster, Gpu, OnPremPool, Roce
 
@@ -136,7 +136,15 @@ def _parse_events(text: str) -> Node | None:
     return root
 
 
+def _check_limits(text: str) -> None:
+    """Refuse text too large or deep to parse safely (the C loader crashes on very deep YAML)."""
+    if found := limit_error(text):
+        line, col, message = found
+        raise EditError(f"line {line}, column {col}: {message}")
+
+
 def _tree(text: str) -> Node:
+    _check_limits(text)
     try:
         root = _parse_events(text)
     except Exception as err:  # ruamel raises several kinds for bad YAML
@@ -147,6 +155,7 @@ def _tree(text: str) -> Node:
 
 
 def _data(text: str) -> Any:
+    _check_limits(text)
     try:
         return YAML(typ="safe", pure=False).load(text)
     except Exception as err:  # ruamel raises several kinds for bad YAML
@@ -292,7 +301,7 @@ def detect_style(text: str, root: Node | None = None) -> Style:
 
 # --- Rendering new text in the file's style ----------------------------------
 
-_PLAIN_SAFE = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_./-]*$")
+_PLAIN_SAFE = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_./-]*\Z")
 
 
 def _plain_reads_as_string(text: str) -> bool:

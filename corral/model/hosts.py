@@ -12,10 +12,10 @@ import itertools
 import re
 
 _RANGE = re.compile(r"\[([^\]]*)\]")
-_BOUNDS = re.compile(r"^(\d+):(\d+)$")
+_BOUNDS = re.compile(r"([0-9]{1,9}):([0-9]{1,9})\Z")
 # RFC 1123 host name: dot-separated labels of letters, digits and hyphens.
 _HOSTNAME = re.compile(
-    r"^(?=.{1,253}$)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$"
+    r"(?=.{1,253}\Z)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*\Z"
 )
 
 # A pattern that expands to more than this is almost surely a typo

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from .hosts import expand
 from .layout import MAX_ZONES, layout, network_too_small
 from .disks import DISK_TYPES, disk_types_for, etcd_iops_floor, machine_series
-from .schema import LABEL_DOMAIN, CloudPool, Cluster, OnPremPool
+from .schema import LABEL_DOMAIN, PRIVATE_NETWORKS, CloudPool, Cluster, OnPremPool, is_private_network
 
 Finding = tuple[tuple, str]
 
@@ -32,9 +32,9 @@ def zone_error(cloud: str, region: str, zone: str) -> str | None:
 # Machine type shapes per cloud: a type copied from another cloud's file is a
 # common slip, and the cloud would only reject it at `pulumi up` time.
 MACHINE_TYPE_SHAPES = {
-    "azure": (re.compile(r"^Standard_[A-Za-z0-9_]+$"), "Standard_D32s_v5"),
-    "aws": (re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$"), "m7i.8xlarge"),
-    "gcp": (re.compile(r"^[a-z][a-z0-9]*-[a-z0-9-]+$"), "n2-standard-32"),
+    "azure": (re.compile(r"Standard_[A-Za-z0-9_]+\Z"), "Standard_D32s_v5"),
+    "aws": (re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9]+\Z"), "m7i.8xlarge"),
+    "gcp": (re.compile(r"[a-z][a-z0-9]*-[a-z0-9-]+\Z"), "n2-standard-32"),
 }
 
 
@@ -192,6 +192,14 @@ def _sites(cluster: Cluster) -> Iterator[Finding]:
         if site.name in seen:
             yield ("sites", i, "name"), f"site '{site.name}' is defined twice"
         seen.add(site.name)
+        if site.allow_public_cidrs:
+            continue
+        for j, cidr in enumerate(site.cidrs):
+            if not is_private_network(cidr):
+                yield ("sites", i, "cidrs", j), (
+                    f"{cidr} is not a private network ({', '.join(map(str, PRIVATE_NETWORKS))}); "
+                    "set allowPublicCIDRs: true on the site if it really routes public addresses of its own"
+                )
 
 
 def _pools(cluster: Cluster) -> Iterator[Finding]:

@@ -21,6 +21,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    WithJsonSchema,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
@@ -49,25 +50,64 @@ class Spec(BaseModel):
     )
 
 
-# --- Kubernetes names, as the API server checks them -----------------------
+# --- Free text: strict shapes ------------------------------------------------
+#
+# Values of the cluster file reach shell scripts, systemd units, Ansible
+# variables and cloud APIs. Every free-text field therefore has a shape that
+# holds no newline, quote, '{{', '$' or other shell metacharacter. Patterns
+# end with \Z, not $: `$` also matches before a trailing newline. The JSON
+# Schema gets the same pattern in ECMA-262 form (`^...$`, where `$` is the end
+# of the text), which editors check while one types.
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+
+def shown(value: str, limit: int = 60) -> str:
+    """A value quoted for a one-line message: control characters escaped, long text cut."""
+    text = value if len(value) <= limit else value[:limit] + "..."
+    if text.isprintable():
+        return f"'{text}'"
+    return repr(text)
+
+
+def _ecma(regex: str) -> str:
+    assert regex.endswith(r"\Z"), regex
+    return "^" + regex[: -len(r"\Z")] + "$"
+
+
+def strict_text(regex: str, what: str, max_length: int, example: str | None = None):
+    """A str type: at most `max_length` characters matching `regex` (which ends with `\\Z`)."""
+    compiled = re.compile(regex)
+    like = f" (like {example})" if example else ""
+
+    def check(value: str) -> str:
+        if len(value) > max_length or not compiled.match(value):
+            raise ValueError(f"{shown(value)} must be {what}, at most {max_length} characters{like}")
+        return value
+
+    return Annotated[
+        str,
+        AfterValidator(check),
+        WithJsonSchema({"type": "string", "pattern": _ecma(regex), "maxLength": max_length}),
+    ]
+
+
+# Kubernetes names, as the API server checks them.
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
+_QUALIFIED_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
 
 
 def check_label_key(key: str) -> str:
     """A label or taint key: `[prefix/]name`, as apimachinery's IsQualifiedName."""
     prefix, _, name = key.rpartition("/")
     if "/" in prefix:
-        raise ValueError(f"label key '{key}' has more than one '/'")
+        raise ValueError(f"label key {shown(key)} has more than one '/'")
     if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
         raise ValueError(
-            f"label key prefix '{prefix}' must be a DNS subdomain (lower-case, at most 253 characters)"
+            f"label key prefix {shown(prefix)} must be a DNS subdomain (lower-case, at most 253 characters)"
         )
     if not name or len(name) > 63 or not _QUALIFIED_NAME.match(name):
         raise ValueError(
-            f"label key '{key}': the name part must be 1-63 characters of letters, digits, "
+            f"label key {shown(key)}: the name part must be 1-63 characters of letters, digits, "
             "'-', '_' or '.', starting and ending with a letter or digit"
         )
     return key
@@ -76,7 +116,7 @@ def check_label_key(key: str) -> str:
 def check_label_value(value: str) -> str:
     if value and (len(value) > 63 or not _QUALIFIED_NAME.match(value)):
         raise ValueError(
-            f"label value '{value}' must be at most 63 characters of letters, digits, "
+            f"label value {shown(value)} must be at most 63 characters of letters, digits, "
             "'-', '_' or '.', starting and ending with a letter or digit"
         )
     return value
@@ -85,16 +125,43 @@ def check_label_value(value: str) -> str:
 def check_dns_label(value: str) -> str:
     if len(value) > 40 or not _DNS_LABEL.match(value):
         raise ValueError(
-            f"'{value}' must be a lower-case name of letters, digits and '-', at most 40 characters"
+            f"{shown(value)} must be a lower-case name of letters, digits and '-', at most 40 characters"
         )
     return value
 
 
+# Networks private to an organisation: RFC 1918, RFC 6598 (carrier-grade NAT,
+# 100.64.0.0/10) and IPv6 unique local addresses. Anything else is someone
+# else's address space, or a typo (128.0.0.0/1 is half the internet).
+PRIVATE_NETWORKS = tuple(
+    ipaddress.ip_network(n)
+    for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7")
+)
+_CIDR_SHAPE = re.compile(r"[0-9A-Fa-f:.]{2,39}/[0-9]{1,3}\Z")
+
+
 def check_cidr(value: str) -> str:
+    if not _CIDR_SHAPE.match(value):
+        raise ValueError(f"{shown(value)} is not a network in CIDR form (like 10.50.0.0/16)")
     try:
         ipaddress.ip_network(value, strict=True)
     except ValueError as err:
-        raise ValueError(f"'{value}' is not a network in CIDR form ({err})") from None
+        raise ValueError(f"{shown(value)} is not a network in CIDR form ({err})") from None
+    return value
+
+
+def is_private_network(cidr: str) -> bool:
+    network = ipaddress.ip_network(cidr)
+    return any(network.version == p.version and network.subnet_of(p) for p in PRIVATE_NETWORKS)
+
+
+def check_private_cidr(value: str) -> str:
+    check_cidr(value)
+    if not is_private_network(value):
+        raise ValueError(
+            f"{value} is not a private network (10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, "
+            "100.64.0.0/10 or fc00::/7)"
+        )
     return value
 
 
@@ -106,17 +173,63 @@ def check_host_pattern(value: str) -> str:
     return value
 
 
+_KUBERNETES_VERSION = re.compile(r"1\.[0-9]{1,2}\.[0-9]{1,3}\Z")
+
+
 def check_kubernetes_version(value: str) -> str:
-    if not re.match(r"^1\.\d{1,2}\.\d{1,3}$", value):
-        raise ValueError(f"'{value}' must be a full Kubernetes version like \"1.31.4\" (quoted)")
+    if not _KUBERNETES_VERSION.match(value):
+        raise ValueError(f"{shown(value)} must be a full Kubernetes version like \"1.31.4\" (quoted)")
     return value
 
 
+_NAME_JSON_SCHEMA = {"type": "string", "pattern": _ecma(_DNS_LABEL.pattern), "maxLength": 40}
 LabelKey = Annotated[str, AfterValidator(check_label_key)]
-LabelValue = Annotated[str, AfterValidator(check_label_value)]
-Name = Annotated[str, AfterValidator(check_dns_label)]
-Cidr = Annotated[str, AfterValidator(check_cidr)]
+LabelValue = Annotated[
+    str, AfterValidator(check_label_value),
+    WithJsonSchema({"type": "string", "pattern": "^(" + _ecma(_QUALIFIED_NAME.pattern)[1:-1] + ")?$",
+                    "maxLength": 63}),
+]
+Name = Annotated[str, AfterValidator(check_dns_label), WithJsonSchema(_NAME_JSON_SCHEMA)]
+_CIDR_JSON_SCHEMA = {"type": "string", "pattern": _ecma(_CIDR_SHAPE.pattern)}
+Cidr = Annotated[str, AfterValidator(check_cidr), WithJsonSchema(_CIDR_JSON_SCHEMA)]
+PrivateCidr = Annotated[str, AfterValidator(check_private_cidr), WithJsonSchema(_CIDR_JSON_SCHEMA)]
 HostPattern = Annotated[str, AfterValidator(check_host_pattern)]
+KubernetesVersion = Annotated[
+    str, AfterValidator(check_kubernetes_version),
+    WithJsonSchema({"type": "string", "pattern": _ecma(_KUBERNETES_VERSION.pattern)}),
+]
+
+Region = strict_text(r"[a-z][a-z0-9-]*[a-z0-9]\Z", "a region name of lower-case letters, digits and '-'",
+                     40, "eastus2, us-west-2")
+Zone = strict_text(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?\Z", "a zone name of lower-case letters, digits and '-'",
+                   40, '"1", us-west-2a')
+MachineType = strict_text(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z", "a machine type of letters, digits, '_', '.' and '-'",
+                          64, "Standard_D32s_v5, m7i.8xlarge")
+DiskType = strict_text(r"[A-Za-z0-9][A-Za-z0-9_-]*\Z", "a disk type of letters, digits, '_' and '-'",
+                       40, "gp3, PremiumV2_LRS")
+GpuModel = strict_text(r"[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?\Z",
+                       "a GPU model of letters, digits, '_', '.' and '-' (it is a node label value)", 63, "H100")
+DriverVersion = strict_text(r"[0-9]{1,4}\.[0-9]{1,4}(\.[0-9]{1,4})?\Z", "an NVIDIA driver version", 14,
+                            '"550.127.05"')
+# Linux interface names: at most 15 bytes (IFNAMSIZ), no '/', no space.
+InterfaceName = strict_text(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z", "a network interface name of letters, digits, "
+                            "'_', '.' and '-'", 15, "ens1f0np0")
+# Mirror and proxy URLs go into apt sources, apt.conf and systemd drop-ins:
+# scheme, host, port and a plain path only (no credentials, query, '%' or quotes).
+_URL_HOST = r"([A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?"
+MirrorUrl = strict_text(r"https?://" + _URL_HOST + r"(/[A-Za-z0-9._~+-]+)*/?\Z",
+                        "an http(s) URL of a host, an optional port and a plain path (letters, digits, "
+                        "'.', '_', '~', '+', '-'), no credentials or query", 200, "http://mirror.sf1.internal")
+ProxyUrl = strict_text(r"https?://" + _URL_HOST + r"/?\Z",
+                       "an http(s) URL of a proxy host and port, no credentials or path", 200,
+                       "http://proxy.sf1.internal:3128")
+# Prose for people; it reaches no script or template, but still holds no line
+# break, control or bidirectional-override character, template or shell
+# expansion ('{', '}', '$', '`', '\').
+Description = strict_text(
+    "[^\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029\\u200b-\\u200f\\u202a-\\u202e\\u2066-\\u2069{}$`\\\\<>]*\\Z",
+    "one line of text without control characters, '{', '}', '$', '`', '\\\\', '<' or '>'", 300,
+)
 
 
 def _parse_taint(value: object) -> object:
@@ -146,9 +259,9 @@ TaintSpec = Annotated[Taint, BeforeValidator(_parse_taint, json_schema_input_typ
 
 
 class KubernetesSpec(Spec):
-    version: Annotated[str, AfterValidator(check_kubernetes_version)]
-    pod_cidr: Cidr = Field("10.128.0.0/14", alias="podCIDR")
-    service_cidr: Cidr = Field("10.96.0.0/16", alias="serviceCIDR")
+    version: KubernetesVersion
+    pod_cidr: PrivateCidr = Field("10.128.0.0/14", alias="podCIDR")
+    service_cidr: PrivateCidr = Field("10.96.0.0/16", alias="serviceCIDR")
 
     @property
     def minor(self) -> str:
@@ -158,11 +271,11 @@ class KubernetesSpec(Spec):
 
 class ApiServers(Spec):
     count: int = Field(3, ge=1, le=9)
-    machine_type: str
+    machine_type: MachineType
 
 
 class EtcdDisk(Spec):
-    type: str | None = None
+    type: DiskType | None = None
     size_gib: int = Field(256, ge=1, alias="sizeGiB")
     iops: int | None = Field(None, ge=1)
     throughput_mbps: int | None = Field(None, ge=1, alias="throughputMBps")
@@ -172,7 +285,7 @@ class Etcd(Spec):
     # Odd, 3..7: rules.py says why; the bound here only keeps absurd values
     # from reaching the layout.
     members: int = Field(5, ge=1, le=99, description="odd, 3..7")
-    machine_type: str
+    machine_type: MachineType
     disk: EtcdDisk = EtcdDisk()
     # OpenAI's large clusters kept events in their own etcd cluster, so event
     # churn cannot slow down writes of everything else. Off unless the file
@@ -185,9 +298,9 @@ class Etcd(Spec):
 
 class ControlPlane(Spec):
     cloud: Cloud
-    region: str = Field(min_length=1)
-    zones: list[str] = Field(min_length=1)
-    network_cidr: Cidr = Field(alias="networkCIDR")
+    region: Region
+    zones: list[Zone] = Field(min_length=1)
+    network_cidr: PrivateCidr = Field(alias="networkCIDR")
     api_servers: ApiServers
     etcd: Etcd
 
@@ -200,11 +313,17 @@ class Vpn(Spec):
 class Site(Spec):
     name: Name
     cidrs: list[Cidr] = Field(min_length=1)
+    # Site networks must be private (see PRIVATE_NETWORKS) unless this says
+    # the site really routes public address space of its own.
+    allow_public_cidrs: bool = Field(
+        False, alias="allowPublicCIDRs",
+        description="Allow site CIDRs outside the private ranges (RFC 1918, 100.64.0.0/10, fc00::/7).",
+    )
     vpn: Vpn | None = None
     # Air-gapped data centres: base URL of the site's package mirror, and/or a
     # proxy the nodes use for apt.
-    apt_mirror: str | None = None
-    http_proxy: str | None = None
+    apt_mirror: MirrorUrl | None = None
+    http_proxy: ProxyUrl | None = None
 
 
 class Flannel(Spec):
@@ -241,7 +360,7 @@ class Network(Spec):
 class Team(Spec):
     name: Name
     namespaces: list[Name] = Field(min_length=1)
-    reserved_pools: list[str] = []
+    reserved_pools: list[Name] = []
 
 
 class Scheduling(Spec):
@@ -252,14 +371,14 @@ class Scheduling(Spec):
 
 
 class Gpu(Spec):
-    model: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    model: GpuModel
     count: int = Field(ge=1, le=16)
-    driver: str | None = Field(None, pattern=r"^\d+\.\d+(\.\d+)?$")
+    driver: DriverVersion | None = None
     fabric_manager: bool = False
 
 
 class Roce(Spec):
-    interfaces: list[str] = Field(min_length=1)
+    interfaces: list[InterfaceName] = Field(min_length=1)
     mtu: int = Field(9000, ge=1280, le=9216)
     pfc_priority: int = Field(3, ge=0, le=7)
     dscp: int = Field(26, ge=0, le=63)
@@ -275,7 +394,7 @@ class PoolBase(Spec):
 
 class OnPremPool(PoolBase):
     provider: Literal["onprem"]
-    site: str
+    site: Name
     hosts: list[HostPattern] = Field(min_length=1)
     roce: Roce | None = None
 
@@ -290,8 +409,8 @@ class OnPremPool(PoolBase):
 
 class CloudPool(PoolBase):
     provider: Cloud
-    machine_type: str
-    zones: list[str] | None = None  # default: the control plane's zones
+    machine_type: MachineType
+    zones: list[Zone] | None = None  # default: the control plane's zones
     min_size: int = Field(0, ge=0)
     max_size: int = Field(ge=0, le=100_000)
     disk_size_gib: int = Field(200, ge=30, le=4096, alias="diskSizeGiB")
@@ -308,8 +427,8 @@ NodePool = Annotated[Union[OnPremPool, CloudPool], Field(discriminator="provider
 class Cluster(Spec):
     api_version: Literal["corral.dev/v1"] = Field(alias="apiVersion")
     kind: Literal["Cluster"]
-    name: Annotated[str, AfterValidator(check_dns_label)]
-    description: str = ""
+    name: Name
+    description: Description = ""
     kubernetes: KubernetesSpec
     control_plane: ControlPlane
     sites: list[Site] = []
