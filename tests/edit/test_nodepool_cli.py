@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -181,3 +184,66 @@ def test_cli_start_up_does_not_import_pulumi():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ})
     assert out.stdout.strip() == "False"
+
+
+# --- cluster names never leave --clusters ------------------------------------
+
+
+def flat(output: str) -> str:
+    """Output with rich's error box and line wrapping taken out."""
+    return " ".join(re.sub("[\u2500-\u257f]", " ", output).split())
+
+
+@pytest.mark.parametrize("args", [
+    ["nodepool", "add", "../outside", "p1", "--provider", "aws", "--machine-type", "m7i.large", "--max", "1"],
+    ["nodepool", "remove", "../outside", "cpu"],
+    ["nodepool", "scale", "../outside", "cpu", "--max", "3"],
+    ["nodepool", "list", "../outside"],
+    ["show", "../outside"],
+    ["inventory", "../outside"],
+    ["cluster", "new", "../outside", "--cloud", "aws", "--region", "us-west-2"],
+])
+def test_cluster_names_cannot_escape_the_clusters_folder(fleet_dir, args):
+    outside = fleet_dir.parent / "outside.yaml"
+    outside.write_text((fleet_dir / "heron.yaml").read_text().replace("name: heron", "name: outside"))
+    before = snapshot(outside)
+    result = run(*args, clusters=fleet_dir)
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for 'cluster': cluster name '../outside' must be a lower-case name" in flat(
+        result.output).replace("'name'", "'cluster'")
+    assert snapshot(outside) == before
+    assert not (fleet_dir.parent / "stacks").exists()
+
+
+@pytest.mark.parametrize("name", ["heron\n", "/etc/passwd", "HERON", "heron.yaml", ""])
+def test_cluster_names_are_dns_labels(fleet_dir, name):
+    result = run("show", name, clusters=fleet_dir)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_cluster_file_linking_out_of_the_folder_is_refused(fleet_dir):
+    outside = fleet_dir.parent / "elsewhere.yaml"
+    outside.write_text((fleet_dir / "heron.yaml").read_text())
+    (fleet_dir / "heron.yaml").unlink()
+    (fleet_dir / "heron.yaml").symlink_to(outside)
+    before = snapshot(outside)
+    result = run("nodepool", "scale", "heron", "cpu-m7i", "--max", "3", clusters=fleet_dir)
+    assert result.exit_code == 1, result.output
+    assert "leads outside" in result.output
+    assert snapshot(outside) == before
+
+
+def test_too_deep_a_file_is_refused_by_edits_before_parsing(fleet_dir):
+    path = fleet_dir / "heron.yaml"
+    path.write_text(path.read_text() + "extra: " + "[" * 40_000 + "]" * 40_000 + "\n")
+    before = snapshot(path)
+    # In a process of its own: the C loader used to crash on such a file.
+    result = subprocess.run(
+        [sys.executable, "-m", "corral", "nodepool", "scale", "heron", "cpu-m7i", "--max", "3",
+         "--clusters", str(fleet_dir)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 1, (result.returncode, result.stderr[-2000:])
+    assert "nested deeper than" in flat(result.stderr) and "Traceback" not in result.stderr
+    assert snapshot(path) == before
