@@ -28,8 +28,14 @@ REPO = Path(__file__).resolve().parents[2]
 CLUSTERS = sorted(p.stem for p in (REPO / "clusters").glob("*.yaml"))
 PLAN_FOOTER = re.compile(r"^(\d+) resources \((aws|gcp|azure)\), from the same program "
                          r"`pulumi up -s (\w+)` runs$", re.M)
-#: one minute of slack per command on top of what it takes here (see README)
+PYTEST_SUMMARY = re.compile(r"^=+ (.*) in [\d.]+s(?: \(.*\))? =+$", re.M)
+#: per command; a first run here takes about 3 minutes each
 COMMAND_TIMEOUT = 45 * 60
+
+
+def _plain(text: str) -> str:
+    """Output without terminal colour codes."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
 def quickstart_commands() -> list[str]:
@@ -73,7 +79,9 @@ def _assert_demo_and_tests(results: dict[str, "object"], who: str) -> None:
     assert sorted(footers) == CLUSTERS, (
         f"{who}: the demo did not print every cluster's plan: {footers}\n{demo.output[-3000:]}")
     assert tests.returncode == 0, f"{who}: bash scripts/test failed:\n{tests.output[-6000:]}"
-    summary = tests.output.strip().splitlines()[-1]
+    summaries = PYTEST_SUMMARY.findall(_plain(tests.output))
+    assert summaries, f"{who}: no pytest summary line:\n{tests.output[-3000:]}"
+    summary = summaries[-1]
     assert re.search(r"\d+ passed", summary) and "failed" not in summary and "error" not in summary, summary
 
 
