@@ -554,13 +554,12 @@ def test_kubelet_join(th, name):
         f"Pin: version {K8S}-*"
         in h.file("/etc/apt/preferences.d/corral-kubernetes").content_string
     )
-    cfg = h.file("/etc/kubernetes/kubeadm-join.yaml")
-    assert cfg.mode == 0o600 and cfg.user == "root"
-    doc = yaml.safe_load(cfg.content_string)
-    assert doc["apiVersion"] == "kubeadm.k8s.io/v1beta4"
-    reg = doc["nodeRegistration"]
-    assert reg["criSocket"] == "unix:///run/containerd/containerd.sock"
-    labels = reg["kubeletExtraArgs"][0]["value"]
+    # What kubeadm joined with, as the fake kubeadm recorded it: the
+    # JoinConfiguration itself (it holds the bootstrap token) is gone.
+    record = json.loads(h.file("/var/lib/corral-fakes/kubeadm-join.json").content_string)
+    assert record["api_version"] == "kubeadm.k8s.io/v1beta4"
+    assert record["cri_socket"] == "unix:///run/containerd/containerd.sock"
+    labels = record["kubelet_extra_args"]["node-labels"]
     gpu = "gpu" in name
     pool = "h100" if gpu else "cpu"
     assert labels == (
@@ -568,7 +567,13 @@ def test_kubelet_join(th, name):
         if gpu
         else "corral.dev/pool=cpu,corral.dev/roce=false,corral.dev/site=sf1"
     )
-    assert reg["taints"] == pool_vars(pool, gpu)["corral_node_taints"]
+    assert record["taints"] == pool_vars(pool, gpu)["corral_node_taints"]
+    # The token is on no disk of the node after the join.
+    for path in ("/run/corral-join/kubeadm-join.yaml", "/etc/kubernetes/kubeadm-join.yaml",
+                 "/etc/kubernetes/bootstrap-kubelet.conf"):
+        assert not h.file(path).exists, path
+    found = h.run(f"grep -rlsF -D skip {TOKEN} /etc /run /var/lib /root /tmp /var/tmp")
+    assert found.rc != 0 and not found.stdout.strip(), found.stdout
     # joined (the fake kubeadm leaves kubelet.conf like the real one) and enabled
     assert h.file("/etc/kubernetes/kubelet.conf").exists
     assert h.service("kubelet").is_enabled

@@ -3,8 +3,9 @@
 Shared by the real-host join test and `benchmarks/bench_join.py`: it writes
 a cluster file whose hosts are lab hosts, an extra-vars file pointing the
 roles at the lab's signed apt repository of test fakes (what a site's mirror
-would be), join material, and the environment that lets Ansible reach the
-hosts by name through an ssh config.
+would be), join material, the fake kubectl (tests/nodes/fake_kubectl) that
+takes the run's fresh bootstrap token in place of an API server, and the
+environment that lets Ansible reach the hosts by name through an ssh config.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from pathlib import Path
 
 from corral.util import write_atomic
 
-TOKEN = "kst7ab.0123456789abcdef"
 CA_HASH = "sha256:" + "0123456789abcdef" * 4
 KEY_ON_HOST = "/etc/corral-test/site-mirror-key.asc"
 CLUSTER = "kestrel"
@@ -77,6 +77,16 @@ class JoinSetup:
     extra_vars: Path
     runs_dir: Path
     env: dict[str, str]
+    fake_bin: Path
+    kubectl_log: Path
+
+    def tokens(self) -> list[str]:
+        """Every bootstrap token the runs so far created (as the fake kubectl saw them)."""
+        if not self.kubectl_log.exists():
+            return []
+        calls = [json.loads(line) for line in self.kubectl_log.read_text().splitlines()]
+        return [f"{c['object']['stringData']['token-id']}.{c['object']['stringData']['token-secret']}"
+                for c in calls if "object" in c]
 
 
 def prepare(lab, repo, hosts, workdir: Path, gpu_hosts: list[str], cpu_hosts: list[str]) -> JoinSetup:
@@ -85,8 +95,15 @@ def prepare(lab, repo, hosts, workdir: Path, gpu_hosts: list[str], cpu_hosts: li
     clusters.mkdir(exist_ok=True)
     write_atomic(clusters / f"{CLUSTER}.yaml", cluster_text(str(lab.config.network), gpu_hosts, cpu_hosts))
     outputs = workdir / "outputs.json"
-    outputs.write_text(json.dumps({"apiEndpoint": "10.200.0.5:6443", "bootstrapToken": TOKEN,
-                                   "caCertHash": CA_HASH}))
+    outputs.write_text(json.dumps({"apiEndpoint": "10.200.0.5:6443", "caCertHash": CA_HASH}))
+    # No API server in the lab: the fake kubectl takes the run's bootstrap token.
+    fake_bin = workdir / "fake-bin"
+    fake_bin.mkdir(exist_ok=True)
+    if not (fake_bin / "kubectl").exists():
+        (fake_bin / "kubectl").symlink_to(Path(__file__).resolve().with_name("fake_kubectl"))
+    kubeconfig = workdir / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\n# TEST FAKE: the fake kubectl reads nothing here\n")
+    kubeconfig.chmod(0o600)
     outputs.chmod(0o600)
     for host in hosts:
         key = host.path(KEY_ON_HOST)
@@ -116,8 +133,10 @@ def prepare(lab, repo, hosts, workdir: Path, gpu_hosts: list[str], cpu_hosts: li
         # Fresh fact cache: a host re-created under an old name has new facts.
         "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(workdir / "facts"),
         "ANSIBLE_LOCAL_TEMP": str(workdir / "ansible-tmp"),
+        "KUBECONFIG": str(kubeconfig),
+        "FAKE_KUBECTL_LOG": str(workdir / "kubectl.jsonl"),
     })
-    return JoinSetup(clusters, outputs, extra, workdir / "runs", env)
+    return JoinSetup(clusters, outputs, extra, workdir / "runs", env, fake_bin, workdir / "kubectl.jsonl")
 
 
 def corral_join_argv(setup: JoinSetup, *extra: str) -> list[str]:
@@ -132,4 +151,5 @@ def env_with(setup: JoinSetup) -> dict[str, str]:
     env = dict(setup.env)
     env.setdefault("COLUMNS", "200")
     env.pop("CORRAL_CLUSTERS", None)
-    return {k: v for k, v in env.items() if isinstance(v, str)} | {"PATH": os.environ["PATH"]}
+    return {k: v for k, v in env.items() if isinstance(v, str)} | {
+        "PATH": f"{setup.fake_bin}{os.pathsep}{os.environ['PATH']}"}

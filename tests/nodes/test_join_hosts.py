@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -81,15 +82,29 @@ def test_nodes_are_joined_with_the_pools_labels_and_taints(joined, infra):
     for name in GPU_HOSTS:
         host = infra[name]
         assert host.file("/etc/kubernetes/kubelet.conf").exists
-        config = host.file("/etc/kubernetes/kubeadm-join.yaml")
-        assert config.mode == 0o600
-        text = config.content_string
-        assert "kind: JoinConfiguration" in text and "10.200.0.5:6443" in text
+        # What kubeadm joined with, as the fake kubeadm recorded it (the
+        # JoinConfiguration itself holds the token and is gone).
+        text = host.file("/var/lib/corral-fakes/kubeadm-join.json").content_string
+        assert "kubeadm.k8s.io/v1beta4" in text and "10.200.0.5:6443" in text
         assert "corral.dev/pool=gpu-h100" in text and "corral.dev/gpu-model=H100" in text
         assert "corral.dev/team" in text and "robotics" in text
         assert host.service("kubelet").is_enabled
-    cpu = infra[CPU_HOSTS[0]].file("/etc/kubernetes/kubeadm-join.yaml").content_string
+    cpu = infra[CPU_HOSTS[0]].file("/var/lib/corral-fakes/kubeadm-join.json").content_string
     assert "corral.dev/pool=cpu-edge" in cpu and "nvidia.com/gpu" not in cpu
+
+
+def test_each_run_joins_with_a_fresh_token_that_leaves_no_trace_on_the_nodes(joined, infra):
+    setup = joined["setup"]
+    tokens = setup.tokens()
+    assert len(tokens) == 1 and not json.loads(Path(f"{setup.kubectl_log}.secrets.json").read_text())
+    for name in ALL_HOSTS:
+        host = infra[name]
+        for path in ("/run/corral-join/kubeadm-join.yaml", "/etc/kubernetes/kubeadm-join.yaml",
+                     "/etc/kubernetes/bootstrap-kubelet.conf"):
+            assert not host.file(path).exists, (name, path)
+        secret = tokens[0].split(".")[1]
+        found = host.run(f"grep -rlsF -D skip {secret} /etc /run /var/lib /root /tmp /var/tmp")
+        assert found.rc != 0 and not found.stdout.strip(), (name, found.stdout)
 
 
 def test_gpu_hosts_have_the_pinned_driver_and_nvidia_runtime(infra):
@@ -136,15 +151,20 @@ def test_check_mode_on_healthy_hosts_changes_nothing(joined):
 
 def test_the_token_stays_out_of_artifacts(joined):
     setup = joined["setup"]
+    secrets = [token.split(".")[1] for token in setup.tokens()]
+    assert secrets
     for path in setup.runs_dir.rglob("*"):
         if path.is_file():
-            assert joinlab.TOKEN not in path.read_text(errors="ignore"), path
+            text = path.read_text(errors="ignore")
+            assert not [s for s in secrets if s in text], path
 
 
 def test_a_host_taken_away_mid_run_does_not_stop_the_others(joined):
     """Stop one host once the others are under way; they finish, it is named."""
     from corral.model import load_cluster
-    from corral.nodes.join import join_material, run_join
+    from datetime import timedelta
+
+    from corral.nodes.join import join_material, new_bootstrap_token, run_join
 
     setup = joined["setup"]
     victim = joined["hosts"][GPU_HOSTS[-1]]
@@ -160,7 +180,9 @@ def test_a_host_taken_away_mid_run_does_not_stop_the_others(joined):
     saved = dict(os.environ)
     os.environ.update(setup.env)
     try:
-        report = run_join(cluster, join_material(joinlab.CLUSTER, setup.outputs), ALL_HOSTS,
+        material = join_material(joinlab.CLUSTER, setup.outputs)
+        material["corral_join_token"] = new_bootstrap_token(timedelta(hours=1)).value
+        report = run_join(cluster, material, ALL_HOSTS,
                           runs_dir=setup.runs_dir, extra_vars=[setup.extra_vars], on_update=take_victim_away)
     finally:
         os.environ.clear()
