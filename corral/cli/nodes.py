@@ -28,16 +28,16 @@ def inventory(
     Plain output is YAML for reading; `--list` / `--host` answer Ansible's
     dynamic-inventory protocol (see ansible/inventory/corral).
     """
-    from corral.model.render import dump_yaml
-    from corral.nodes.inventory import as_yaml_inventory, build
+    from corral.nodes.inventory import as_yaml_inventory, build, to_ansible_json, to_ansible_yaml
 
+    # Values keep Ansible's unsafe mark in every form, so none is ever templated.
     data = build(cluster_or_exit(clusters, name))
     if host is not None:
-        out.print(json.dumps(data["_meta"]["hostvars"].get(host, {})), markup=False)
+        out.print(json.dumps(to_ansible_json(data["_meta"]["hostvars"].get(host, {}))), markup=False)
     elif list_:
-        out.print(json.dumps(data), markup=False)
+        out.print(json.dumps(to_ansible_json(data)), markup=False)
     else:
-        out.print(dump_yaml(as_yaml_inventory(data)), markup=False, end="")
+        out.print(to_ansible_yaml(as_yaml_inventory(data)), markup=False, end="")
 
 
 # Beyond this many hosts the table shows the ones that need a look (failed,

@@ -6,13 +6,66 @@ host is in `site_<site>` and `pool_<pool>`. Cluster-wide settings are `all`
 vars, site settings sit on the site group, pool settings on the pool group;
 the roles' `defaults/main.yml` document every variable. No secret is ever in
 the inventory: join material is passed at run time.
+
+Every string value is marked unsafe, so Ansible takes it literally and never
+renders it as a template: the model's shapes already keep '{{' out, and this
+holds even if one slipped through (a `{{ lookup('pipe', ...) }}` in a value
+would otherwise run on the controller). The mark is `!unsafe` in YAML and
+`{"__ansible_unsafe": ...}` in JSON (ansible-runner's inventory, `--list`).
 """
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
+from ruamel.yaml import YAML
+
 from corral.model import Cluster, OnPremPool
+
+UNSAFE_JSON_KEY = "__ansible_unsafe"
+UNSAFE_YAML_TAG = "!unsafe"
+
+
+class Unsafe(str):
+    """A string Ansible must take literally; equal to the plain string."""
+
+    __slots__ = ()
+
+
+def mark_unsafe(value: Any) -> Any:
+    """`value` with every string in it (not mapping keys) made Unsafe."""
+    if isinstance(value, str):
+        return Unsafe(value)
+    if isinstance(value, dict):
+        return {key: mark_unsafe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [mark_unsafe(item) for item in value]
+    return value
+
+
+def to_ansible_json(value: Any) -> Any:
+    """Data for json.dumps with every Unsafe string as Ansible's JSON unsafe mark."""
+    if isinstance(value, Unsafe):
+        return {UNSAFE_JSON_KEY: str(value)}
+    if isinstance(value, dict):
+        return {key: to_ansible_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [to_ansible_json(item) for item in value]
+    return value
+
+
+def to_ansible_yaml(value: Any) -> str:
+    """YAML text with every Unsafe string tagged `!unsafe`."""
+    yaml = YAML(typ="safe", pure=True)
+    yaml.default_flow_style = False
+    yaml.sort_base_mapping_type_on_output = False
+    yaml.representer.add_representer(
+        Unsafe, lambda representer, data: representer.represent_scalar(UNSAFE_YAML_TAG, str(data))
+    )
+    stream = io.StringIO()
+    yaml.dump(value, stream)
+    return stream.getvalue()
 
 
 def group_name(kind: str, name: str) -> str:
@@ -68,10 +121,14 @@ def pool_vars(cluster: Cluster, pool: OnPremPool) -> dict[str, Any]:
 
 
 def build(cluster: Cluster) -> dict[str, Any]:
-    """Ansible's JSON inventory format (the dynamic-inventory `--list` answer)."""
+    """Ansible's JSON inventory format (the dynamic-inventory `--list` answer).
+
+    Variable values are Unsafe strings: serialise with `to_ansible_json` or
+    `to_ansible_yaml`, which keep the mark (plain json.dumps would drop it).
+    """
     inventory: dict[str, Any] = {
         "_meta": {"hostvars": {}},
-        "all": {"children": ["onprem_nodes"], "vars": cluster_vars(cluster)},
+        "all": {"children": ["onprem_nodes"], "vars": mark_unsafe(cluster_vars(cluster))},
         "onprem_nodes": {"children": [], "hosts": []},
         "gpu_nodes": {"hosts": []},
         "roce_nodes": {"hosts": []},
@@ -80,8 +137,8 @@ def build(cluster: Cluster) -> dict[str, Any]:
         hosts = pool.host_names
         pool_group = group_name("pool", pool.name)
         site_group = group_name("site", pool.site)
-        inventory[pool_group] = {"hosts": hosts, "vars": pool_vars(cluster, pool)}
-        site = inventory.setdefault(site_group, {"hosts": [], "vars": site_vars(cluster, pool.site)})
+        inventory[pool_group] = {"hosts": hosts, "vars": mark_unsafe(pool_vars(cluster, pool))}
+        site = inventory.setdefault(site_group, {"hosts": [], "vars": mark_unsafe(site_vars(cluster, pool.site))})
         site["hosts"].extend(hosts)
         inventory["onprem_nodes"]["hosts"].extend(hosts)
         if pool.gpu:

@@ -456,7 +456,8 @@ def _run_playbook(
         runner = ansible_runner.run(
             private_data_dir=str(runs_dir),
             playbook=str(playbooks / PLAYBOOK),
-            inventory=inv.as_yaml_inventory(inv.build(cluster)),
+            # JSON with Ansible's unsafe mark on every value: never templated.
+            inventory=inv.to_ansible_json(inv.as_yaml_inventory(inv.build(cluster))),
             # No limit when every on-prem host runs: thousands of names on a
             # command line buy nothing.
             limit=None if len(hosts) == len(inv.host_pool(cluster)) else ",".join(hosts),
