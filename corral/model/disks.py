@@ -19,6 +19,7 @@ Figures from the vendors' documentation (see ../shared/REFERENCE.md):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -59,6 +60,65 @@ PD_EXTREME_SERIES = frozenset({"m1", "m2", "m3", "n2"})
 def machine_series(machine_type: str) -> str:
     """`c3` of `c3-highmem-8`."""
     return machine_type.split("-", 1)[0].lower()
+
+
+# GCE machine type names: `SERIES-KIND-VCPUS[-lssd|-metal|...]`
+# (c3-highmem-8, c3-standard-88-lssd), custom types `SERIES-custom-VCPUS-MEMMB[-ext]`
+# (n2-custom-8-65536) or `custom-VCPUS-MEMMB` (N1), and accelerator shapes
+# named by their GPU count (a2-highgpu-8g, a3-megagpu-8g).
+_GCE_PREDEFINED = re.compile(r"^[a-z][a-z0-9]*-[a-z]+-(?P<vcpus>\d+)(?:-[a-z]+)*$")
+_GCE_CUSTOM = re.compile(r"^(?:[a-z][a-z0-9]*-)?custom-(?P<vcpus>\d+)-\d+(?:-ext)?$")
+_GCE_GPUS = re.compile(r"^[a-z][a-z0-9]*-[a-z]+-(?P<gpus>\d+)g$")
+
+
+def gce_vcpus(machine_type: str) -> int | None:
+    """vCPUs of a GCE machine type, from its name; None when the name does not say
+    (shared-core types like e2-medium, GPU shapes named by GPU count)."""
+    name = machine_type.lower()
+    match = _GCE_CUSTOM.match(name) or _GCE_PREDEFINED.match(name)
+    return int(match["vcpus"]) if match else None
+
+
+def gce_gpus(machine_type: str) -> int | None:
+    """GPUs of an accelerator-optimized GCE shape (`a3-highgpu-8g`: 8)."""
+    match = _GCE_GPUS.match(machine_type.lower())
+    return int(match["gpus"]) if match else None
+
+
+# The least shape per series that can attach a disk type, where the docs give
+# one; a series listed in the type's attach_series but not here has no floor.
+# - Hyperdisk Extreme, "Restrictions for machine series support": A3 at least
+#   4 GPUs; C3 88 vCPUs; C3D 60; C4 96; G4 96; M1 80; C4A, C4D and M3 64; M4 112.
+#   https://cloud.google.com/compute/docs/disks/hd-types/hyperdisk-extreme
+#   N2 80 vCPUs is from the older page (N2 is no longer listed there; kept so
+#   the large N2 shapes Google documented stay accepted).
+# - pd-extreme: N2 with 64 or more vCPUs, M1, M2, M3.
+#   https://cloud.google.com/compute/docs/disks/extreme-persistent-disk#machine_shape_support
+ATTACH_FLOORS: dict[str, dict[str, tuple[int, str]]] = {
+    "hyperdisk-extreme": {
+        "a3": (4, "GPUs"), "c3": (88, "vCPUs"), "c3d": (60, "vCPUs"), "c4": (96, "vCPUs"),
+        "g4": (96, "vCPUs"), "m1": (80, "vCPUs"), "c4a": (64, "vCPUs"), "c4d": (64, "vCPUs"),
+        "m3": (64, "vCPUs"), "m4": (112, "vCPUs"), "n2": (80, "vCPUs"),
+    },
+    "pd-extreme": {"n2": (64, "vCPUs")},
+}
+
+
+def attach_floor_error(disk_type: str, machine_type: str) -> str | None:
+    """Why `machine_type` is too small to attach `disk_type`, or None.
+
+    A name corral cannot read a size from passes (the cloud decides)."""
+    floor = ATTACH_FLOORS.get(disk_type, {}).get(machine_series(machine_type))
+    if floor is None:
+        return None
+    least, unit = floor
+    have = gce_gpus(machine_type) if unit == "GPUs" else gce_vcpus(machine_type)
+    if have is None or have >= least:
+        return None
+    return (
+        f"{machine_type} has {have} {unit}; {disk_type} attaches to "
+        f"{machine_series(machine_type).upper()} machines with at least {least} {unit}"
+    )
 
 
 DISK_TYPES: dict[str, DiskType] = {

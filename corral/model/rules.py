@@ -12,7 +12,8 @@ from collections.abc import Iterator, Mapping
 
 from .hosts import expand
 from .layout import MAX_ZONES, layout, network_too_small
-from .disks import DISK_TYPES, disk_types_for, etcd_iops_floor, machine_series
+from .disks import DISK_TYPES, attach_floor_error, disk_types_for, etcd_iops_floor, machine_series
+from .vm_disk_limits import vm_disk_caps
 from .schema import LABEL_DOMAIN, PRIVATE_NETWORKS, CloudPool, Cluster, OnPremPool, is_private_network
 
 Finding = tuple[tuple, str]
@@ -58,11 +59,14 @@ def check_cluster(cluster: Cluster) -> list[Finding]:
     return [
         *_control_plane(cluster),
         *_etcd_disk(cluster),
+        *_etcd_disk_shape(cluster),
+        *_etcd_disk_vm_caps(cluster),
         *_networks(cluster),
         *_pod_network_size(cluster),
         *_sites(cluster),
         *_pools(cluster),
         *_network_settings(cluster),
+        *_pod_network_backend(cluster),
         *_teams(cluster),
     ]
 
@@ -149,6 +153,47 @@ def _etcd_disk(cluster: Cluster) -> Iterator[Finding]:
         yield (*here, "throughputMBps"), (
             f"{kind.name} allows at most {kind.max_mbps_per_iops} MB/s per IOPS: "
             f"{disk.throughput_mbps} MB/s needs at least {int(disk.throughput_mbps / kind.max_mbps_per_iops):,} IOPS"
+        )
+
+
+def _etcd_disk_shape(cluster: Cluster) -> Iterator[Finding]:
+    """GCE disk types that attach only to large shapes of a series (disks.ATTACH_FLOORS)."""
+    cp = cluster.control_plane
+    kind = DISK_TYPES.get(cp.etcd.disk.type)
+    if kind is None or kind.cloud != cp.cloud:
+        return  # _etcd_disk reports the type
+    if kind.attach_series is not None and machine_series(cp.etcd.machine_type) not in kind.attach_series:
+        return  # _etcd_disk reports the series
+    if message := attach_floor_error(kind.name, cp.etcd.machine_type):
+        yield ("controlPlane", "etcd", "machineType"), f"{message}; use a larger machine type or another disk type"
+
+
+def _etcd_disk_vm_caps(cluster: Cluster) -> Iterator[Finding]:
+    """A disk provisioned above what its VM sustains is paid for and never used
+    (vm_disk_limits: sustained per-VM caps; machine types not tabled pass)."""
+    cp = cluster.control_plane
+    disk, machine = cp.etcd.disk, cp.etcd.machine_type
+    kind = DISK_TYPES.get(disk.type)
+    if kind is None or kind.cloud != cp.cloud:
+        return
+    caps = vm_disk_caps(cp.cloud, kind.name, machine)
+    if caps is None:
+        return
+    here = ("controlPlane", "etcd", "disk")
+    flagged = {path for path, _ in _etcd_disk(cluster)}  # one problem per field
+    iops, mbps, burst_iops, burst_mbps = caps
+    if (*here, "iops") not in flagged and disk.iops > iops:
+        burst = f" (bursts to {burst_iops:,} for at most 30 minutes)" if burst_iops > iops else ""
+        yield (*here, "iops"), (
+            f"{disk.iops:,} IOPS is more than {machine} can use: it sustains {iops:,} IOPS "
+            f"across its disks{burst}; provision at most {iops:,} or use a larger machine type"
+        )
+    if (kind.takes_throughput and disk.throughput_mbps is not None
+            and (*here, "throughputMBps") not in flagged and disk.throughput_mbps > mbps):
+        burst = f" (bursts to {burst_mbps:,g} for at most 30 minutes)" if burst_mbps > mbps else ""
+        yield (*here, "throughputMBps"), (
+            f"{disk.throughput_mbps:,} MB/s is more than {machine} can use: it sustains {mbps:,g} MB/s "
+            f"across its disks{burst}; provision at most {int(mbps):,} or use a larger machine type"
         )
 
 
@@ -284,6 +329,18 @@ def _network_settings(cluster: Cluster) -> Iterator[Finding]:
                 f"flannel's MTU {flannel.mtu} needs a NIC MTU of at least {flannel.mtu + 50} "
                 f"(VXLAN adds 50 bytes); this pool's is {roce.mtu}"
             )
+
+
+def _pod_network_backend(cluster: Cluster) -> Iterator[Finding]:
+    # host-gw routes every pod packet unencapsulated to the peer host, and only
+    # an on-prem L2 segment delivers those. Every corral cluster has cloud
+    # nodes (its API servers run kubelet and flannel), whose networks do not
+    # (see docs/addons.md, flannel).
+    if cluster.network.flannel.backend == "host-gw":
+        yield ("network", "flannel", "backend"), (
+            "host-gw sends pod traffic unencapsulated, which cloud networks drop, and the API servers "
+            "are cloud nodes; use vxlan (with directRouting, on-prem nodes still route directly within a subnet)"
+        )
 
 
 def _teams(cluster: Cluster) -> Iterator[Finding]:

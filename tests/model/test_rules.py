@@ -117,12 +117,12 @@ def test_iops_above_the_type_range(tmp_path):
 
 
 def test_iops_per_gib(tmp_path):
-    found = only(variant(tmp_path, "heron", "sizeGiB: 256, iops: 16000", "sizeGiB: 10, iops: 16000"))
+    found = only(variant(tmp_path, "heron", "sizeGiB: 256, iops: 12000", "sizeGiB: 10, iops: 12000"))
     assert "at most 1000 IOPS per GiB" in found
 
 
 def test_throughput_on_a_type_that_takes_none(tmp_path):
-    found = only(variant(tmp_path, "heron", "iops: 16000}", "iops: 16000, throughputMBps: 500}"))
+    found = only(variant(tmp_path, "heron", "iops: 12000}", "iops: 12000, throughputMBps: 500}"))
     assert "controlPlane.etcd.disk.throughputMBps: io2 takes no throughput setting" in found
 
 
@@ -133,7 +133,7 @@ def test_throughput_out_of_range(tmp_path):
 
 def test_iops_floor_for_a_large_cluster(tmp_path):
     text = example("jaguar").replace("iops: 20000", "iops: 4000").replace(
-        "throughputMBps: 800", "throughputMBps: 500").replace("gpu-[001:064]", "gpu-[0001:3000]").replace(
+        "throughputMBps: 600", "throughputMBps: 500").replace("gpu-[001:064]", "gpu-[0001:3000]").replace(
         "podCIDR: 10.128.0.0/14", "podCIDR: 10.128.0.0/12")
     found = only(problems(tmp_path, {"jaguar.yaml": text}))
     assert "4,000 IOPS is too few for etcd in a cluster of up to 3,208 nodes; provision at least 10,000" in found
@@ -142,7 +142,7 @@ def test_iops_floor_for_a_large_cluster(tmp_path):
 def test_defaults_fill_disk_from_type(tmp_path):
     from corral.model import load_cluster
 
-    text = example("heron").replace("disk: {type: io2, sizeGiB: 256, iops: 16000}", "disk: {type: gp3}")
+    text = example("heron").replace("disk: {type: io2, sizeGiB: 256, iops: 12000}", "disk: {type: gp3}")
     (tmp_path / "heron.yaml").write_text(text)
     disk = load_cluster(tmp_path / "heron.yaml").control_plane.etcd.disk
     assert (disk.iops, disk.throughput_mbps) == (3000, 125)
@@ -279,8 +279,9 @@ def test_arp_thresholds_ascend(tmp_path):
 
 
 def test_direct_routing_needs_vxlan(tmp_path):
-    found = only(variant(tmp_path, "jaguar", "backend: vxlan", "backend: host-gw"))
-    assert "network.flannel.directRouting: directRouting is a vxlan option; backend is host-gw" in found
+    # (host-gw has its own rule: tests/model/test_flannel_backend.py)
+    found = only(variant(tmp_path, "jaguar", "backend: vxlan", "backend: wireguard"))
+    assert "network.flannel.directRouting: directRouting is a vxlan option; backend is wireguard" in found
 
 
 def test_arp_defaults_from_cluster_size(tmp_path):
@@ -305,7 +306,7 @@ def test_team_reserving_unknown_pool(tmp_path):
 def test_every_problem_in_one_run(tmp_path):
     text = (example("jaguar").replace("members: 5 ", "members: 4 ").replace("dscp: 26", "dscp: 99", 1)
             .replace("reservedPools: [gpu-h100-robotics]", "reservedPools: [nope]"))
-    found = problems(tmp_path, {"jaguar.yaml": text, "heron.yaml": example("heron").replace("iops: 16000", "iops: 50")})
+    found = problems(tmp_path, {"jaguar.yaml": text, "heron.yaml": example("heron").replace("iops: 12000", "iops: 50")})
     # Schema errors stop a file before its rules run; the other file's rules still run.
     assert any("dscp" in f for f in found) and any("heron.yaml" in f and "iops" in f for f in found)
 
