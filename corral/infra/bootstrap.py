@@ -21,6 +21,7 @@ input is an error, never an empty string):
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import jinja2
 
 from corral.model import CloudPool, Cluster
-from corral.model.layout import API_PORT, Layout, Machine
+from corral.model.layout import API_PORT, API_VIP_OFFSET, Layout, Machine
 
 if TYPE_CHECKING:  # Pulumi is imported only where Outputs are wired.
     import pulumi
@@ -56,6 +57,15 @@ MAX_PARALLEL_IMAGE_PULLS = 5
 NODE_NAME_PLACEHOLDER = "__CORRAL_NODE_NAME__"
 DISCOVERY_PLACEHOLDER = "__CORRAL_DISCOVERY_ENDPOINT__"
 PROVIDER_ID_PLACEHOLDER = "__CORRAL_PROVIDER_ID__"
+# AWS: the API load balancer's DNS name is a SAN of the API servers'
+# certificate, but AWS picks it when the load balancer is created. The AWS
+# ApiServers component tags each instance with it (API_DNS_NAME_TAG, readable
+# in instance metadata), and the boot script reads the tag
+# (API_DNS_NAME_SCRIPT) and writes the name over API_DNS_SAN_PLACEHOLDER in
+# the kubeadm configuration. User data stays free of it, so plans show it.
+API_DNS_SAN_PLACEHOLDER = "__CORRAL_API_DNS_SAN__"
+API_DNS_NAME_TAG = "corral-api-dns-name"
+API_DNS_NAME_SCRIPT = "/usr/local/sbin/corral-api-dns-name"
 
 # Every cloud machine that runs a kubelet registers with the provider ID its
 # cloud's cluster-autoscaler expects, read from the instance metadata service
@@ -184,6 +194,31 @@ def sysctl_conf(cluster: Cluster) -> str:
         f"net.ipv4.neigh.default.gc_thresh3 = {arp.gc_thresh3}",
         "",
     ))
+
+
+def api_vips_by_zone(lay: Layout) -> dict[str, str]:
+    """AWS: the API load balancer's fixed address in each zone's control subnet.
+
+    An NLB has one address per zone; the first zone's is `lay.api_vip` (the
+    endpoint in kubeconfigs and join configurations), the others sit at the
+    same host offset in their own zone's control subnet, an address the
+    layout keeps free (corral/infra/aws/apiservers.py creates them here).
+    """
+    return {z.zone: str(ipaddress.ip_network(z.control_subnet).network_address + API_VIP_OFFSET) for z in lay.zones}
+
+
+def api_cert_sans(cluster: Cluster, lay: Layout) -> list[str]:
+    """Every address and name clients reach the API servers by, beyond what
+    kubeadm adds itself (the server's own address, the service IP and
+    kubernetes.default names): the VIP on every cloud; on AWS every zone's
+    load balancer address and its DNS name (a placeholder until boot, see
+    API_DNS_SAN_PLACEHOLDER), so a client that fails over to another zone's
+    address or the name still verifies the certificate."""
+    if cluster.control_plane.cloud != "aws":
+        return [lay.api_vip]
+    vips = api_vips_by_zone(lay)
+    assert vips[lay.zones[0].zone] == lay.api_vip, (vips, lay.api_vip)
+    return [lay.api_vip, *(ip for ip in vips.values() if ip != lay.api_vip), API_DNS_SAN_PLACEHOLDER]
 
 
 def render_provider_id_script(cloud: str, metadata_url: str = METADATA_URL) -> str:
@@ -344,6 +379,7 @@ def kubeadm_context(cluster: Cluster, lay: Layout, server: Machine, token: str, 
         "kubernetes_version": cluster.kubernetes.version,
         "control_plane_endpoint": lay.api_endpoint,
         "api_vip": lay.api_vip,
+        "api_cert_sans": api_cert_sans(cluster, lay),
         "api_port": API_PORT,
         "pod_cidr": cluster.kubernetes.pod_cidr,
         "service_cidr": cluster.kubernetes.service_cidr,
@@ -376,6 +412,21 @@ def render_kubeadm_join_config(cluster: Cluster, lay: Layout, index: int, token:
     return render("kubeadm/control-plane-join.yaml.j2", **context)
 
 
+def render_api_dns_name_script(metadata_url: str = METADATA_URL, attempts: int = 30, retry_seconds: int = 5) -> str:
+    """AWS: the boot script printing the API load balancer's DNS name (an instance tag)."""
+    return render(
+        "scripts/api-dns-name.sh.j2", metadata_url=metadata_url, tag=API_DNS_NAME_TAG,
+        attempts=attempts, retry_seconds=retry_seconds,
+    )
+
+
+def api_dns_name_files(cluster: Cluster) -> list[File]:
+    """AWS: the script that reads the API load balancer's DNS name at boot."""
+    if cluster.control_plane.cloud != "aws":
+        return []
+    return [File(API_DNS_NAME_SCRIPT, render_api_dns_name_script(), "0755")]
+
+
 def render_api_server_cloud_init(
     cluster: Cluster, lay: Layout, index: int, tls: ControlPlaneTls, token: str, ca_cert_hash: str
 ) -> str:
@@ -396,6 +447,7 @@ def render_api_server_cloud_init(
         # server 0 also holds the config that initialises the cluster.
         File(f"{KUBEADM_DIR}/join.yaml", render_kubeadm_join_config(cluster, lay, index, token, [ca_cert_hash]), "0600"),
         File(SCHEDULER_CONFIG, render_scheduler_config(cluster)),
+        *api_dns_name_files(cluster),
         File("/usr/local/sbin/corral-apiserver-hairpin", render(
             "scripts/apiserver-hairpin.sh.j2", api_vip=lay.api_vip, api_port=API_PORT, server_ip=server.ip,
         ), "0755"),
@@ -406,6 +458,8 @@ def render_api_server_cloud_init(
             peers=[m.ip for m in lay.api_servers if m.index != index],
             discovery_placeholder=DISCOVERY_PLACEHOLDER, kubeadm_dir=KUBEADM_DIR,
             provider_id_placeholder=PROVIDER_ID_PLACEHOLDER, provider_id_script=PROVIDER_ID_SCRIPT,
+            api_dns_san_placeholder=API_DNS_SAN_PLACEHOLDER,
+            api_dns_name_script=API_DNS_NAME_SCRIPT if api_dns_name_files(cluster) else "",
         ), "0755"),
     ]
     if index == 0:

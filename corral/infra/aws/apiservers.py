@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from collections.abc import Sequence
 
 import pulumi
 import pulumi_aws as aws
 
+from corral.infra.bootstrap import API_DNS_NAME_TAG, api_vips_by_zone
 from corral.infra.platform import ClusterContext
-from corral.model.layout import API_PORT, API_VIP_OFFSET
+from corral.model.layout import API_PORT
 
 from .common import (
     CONTROL_ROOT_GIB,
@@ -74,15 +74,10 @@ EC2_ASSUME_ROLE = {
 
 
 def zone_vips(ctx: ClusterContext) -> dict[str, str]:
-    """The load balancer's fixed address in each zone's control subnet.
-
-    The first zone's is `ctx.layout.api_vip` (the endpoint in certificates
-    and kubeconfigs); the others sit at the same host offset in their own
-    zone's control subnet, an address the layout keeps free.
-    """
-    vips = {}
-    for z in ctx.layout.zones:
-        vips[z.zone] = str(ipaddress.ip_network(z.control_subnet).network_address + API_VIP_OFFSET)
+    """The load balancer's fixed address in each zone's control subnet
+    (`bootstrap.api_vips_by_zone`: the addresses the API servers'
+    certificates name); the first zone's is `ctx.layout.api_vip`."""
+    vips = api_vips_by_zone(ctx.layout)
     first = ctx.layout.zones[0].zone
     assert vips[first] == ctx.layout.api_vip, (vips[first], ctx.layout.api_vip)
     return vips
@@ -101,8 +96,9 @@ class ApiServers(pulumi.ComponentResource):
     API endpoint `ctx.layout.api_vip`, and cross-zone load balancing is on,
     so that address reaches healthy API servers in every zone. (It is still
     served by the load balancer's node in the first zone; a client that must
-    survive that zone's loss uses the load balancer's DNS name, `dns_name`,
-    which the certificates should list.)
+    survive that zone's loss uses another zone's address or the load
+    balancer's DNS name, `dns_name`: the certificates name them all, the
+    name read at boot from the instances' `corral-api-dns-name` tag.)
 
     Targets are registered by IP (the layout's fixed addresses), so the
     target group need not wait for instance ids, and client IP preservation
@@ -160,36 +156,8 @@ class ApiServers(pulumi.ComponentResource):
             opts=child,
         )
 
-        self.instances: dict[str, aws.ec2.Instance] = {}
-        for i, server in enumerate(servers):
-            check_zone(ctx, server.zone, f"API server {server.name}")
-            self.instances[server.name] = aws.ec2.Instance(
-                server.name,
-                ami=image,
-                instance_type=cp.api_servers.machine_type,
-                availability_zone=server.zone,
-                subnet_id=network.control_subnet_ids[server.zone],
-                private_ip=server.ip,
-                vpc_security_group_ids=[network.api_security_group_id],
-                iam_instance_profile=profile.name,
-                user_data_base64=user_data_base64(pick(user_data, i, "API server user data")),
-                ebs_optimized=True,
-                metadata_options=metadata_options(),
-                root_block_device={
-                    "volume_type": "gp3",
-                    "volume_size": CONTROL_ROOT_GIB,
-                    "encrypted": True,
-                    "delete_on_termination": True,
-                },
-                tags=tags(ctx, server.name, **{"corral-role": "apiserver"}),
-                opts=pulumi.ResourceOptions(
-                    parent=self,
-                    depends_on=network.egress,
-                    delete_before_replace=True,
-                    ignore_changes=["ami", "userData", "userDataBase64"],
-                ),
-            )
-
+        # The load balancer before the instances: each is tagged with its DNS
+        # name, which AWS picks at creation and the certificates name.
         self.addresses = zone_vips(ctx)
         self.endpoint = ctx.layout.api_endpoint
         self.load_balancer = aws.lb.LoadBalancer(
@@ -208,6 +176,37 @@ class ApiServers(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True),
         )
         self.dns_name = self.load_balancer.dns_name
+
+        self.instances: dict[str, aws.ec2.Instance] = {}
+        for i, server in enumerate(servers):
+            check_zone(ctx, server.zone, f"API server {server.name}")
+            self.instances[server.name] = aws.ec2.Instance(
+                server.name,
+                ami=image,
+                instance_type=cp.api_servers.machine_type,
+                availability_zone=server.zone,
+                subnet_id=network.control_subnet_ids[server.zone],
+                private_ip=server.ip,
+                vpc_security_group_ids=[network.api_security_group_id],
+                iam_instance_profile=profile.name,
+                user_data_base64=user_data_base64(pick(user_data, i, "API server user data")),
+                ebs_optimized=True,
+                # The boot script reads the API_DNS_NAME_TAG tag (bootstrap.api_cert_sans).
+                metadata_options=metadata_options(tags_in_metadata=True),
+                root_block_device={
+                    "volume_type": "gp3",
+                    "volume_size": CONTROL_ROOT_GIB,
+                    "encrypted": True,
+                    "delete_on_termination": True,
+                },
+                tags=tags(ctx, server.name, **{"corral-role": "apiserver", API_DNS_NAME_TAG: self.dns_name}),
+                opts=pulumi.ResourceOptions(
+                    parent=self,
+                    depends_on=network.egress,
+                    delete_before_replace=True,
+                    ignore_changes=["ami", "userData", "userDataBase64"],
+                ),
+            )
 
         # Autonamed (no fixed `name`): a replacement target group is created
         # and the listener moved to it before the old one is deleted.
