@@ -25,23 +25,25 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "clusters"
 
 VARIANTS = {
     "jaguar": {
-        "iops": ("iops: 20000,", "iops: 30000,"),
+        "iops": ("iops: 20000,", "iops: 24000,"),  # E16s_v5 sustains 25,600
         "machine": ("machineType: Standard_E16s_v5", "machineType: Standard_E32s_v5"),
         "disk_type": ("type: PremiumV2_LRS", "type: UltraSSD_LRS"),
         "pool": ("maxSize: 200", "maxSize: 300"),
     },
     "heron": {
-        "iops": ("iops: 16000", "iops: 20000"),
+        "iops": ("iops: 12000", "iops: 10000"),  # r7i.2xlarge sustains 12,000
         "machine": ("machineType: r7i.2xlarge", "machineType: r7i.4xlarge"),
-        "disk_type": ("type: io2, sizeGiB: 256, iops: 16000", "type: gp3, sizeGiB: 256, iops: 16000"),
+        "disk_type": ("type: io2, sizeGiB: 256, iops: 12000", "type: gp3, sizeGiB: 256, iops: 12000"),
         "pool": ("maxSize: 80", "maxSize: 120"),
         "pool_min": ("minSize: 2\n    maxSize: 40", "minSize: 4\n    maxSize: 40"),
     },
     "ibis": {
         "iops": ("iops: 12000,", "iops: 14000,"),
         "machine": ("machineType: c3-highmem-8", "machineType: c3-highmem-22"),
-        "disk_type": ("type: hyperdisk-balanced, sizeGiB: 256, iops: 12000, throughputMBps: 400",
-                      "type: hyperdisk-extreme, sizeGiB: 256, iops: 12000"),
+        # Hyperdisk Extreme attaches to C3 machines of 88+ vCPUs only.
+        "disk_type": ("c3-highmem-8      # hyperdisk needs a C3/N4-class machine\n"
+                      "    disk: {type: hyperdisk-balanced, sizeGiB: 256, iops: 12000, throughputMBps: 400}",
+                      "c3-highmem-88\n    disk: {type: hyperdisk-extreme, sizeGiB: 256, iops: 12000}"),
         "pool": ("maxSize: 64", "maxSize: 96"),
     },
 }

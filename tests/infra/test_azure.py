@@ -123,7 +123,7 @@ def jaguar() -> Plan:
 
 @pytest.fixture(scope="module")
 def ultra() -> Plan:
-    return plan_of("jaguar", disk=set_disk(type="UltraSSD_LRS", sizeGiB=256, iops=40000, throughputMBps=600))
+    return plan_of("jaguar", disk=set_disk(type="UltraSSD_LRS", sizeGiB=256, iops=25000, throughputMBps=600))
 
 
 @pytest.fixture(scope="module")

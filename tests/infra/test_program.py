@@ -206,7 +206,7 @@ def test_plan_records_parent_protect_and_retain_from_the_wire(fake_plan):
     assert (vm["parent"], vm["protect"], vm["retainOnDelete"]) == ("heron-etcd", False, False)
     assert (etcd["type"], etcd["parent"], etcd["component"]) == ("corral:fake:Etcd", None, "heron-etcd")
     assert by_name["kubernetes-ca"]["parent"] == "heron-pki"
-    assert disk["inputs"] == {"iops": 16000, "sizeGiB": 256, "type": "io2", "zone": "us-west-2a"}
+    assert disk["inputs"] == {"iops": 12000, "sizeGiB": 256, "type": "io2", "zone": "us-west-2a"}
     # Sorted: by component, the component first, then by type and name.
     keys = [(r["component"], r["name"] != r["component"], r["type"], r["name"]) for r in plan.resources]
     assert keys == sorted(keys)
