@@ -42,7 +42,7 @@ def manifests(
             err.print(problem, markup=False)
         if problems:
             fail(f"{len(problems)} object(s) do not match the Kubernetes {version.used} API schemas")
-        count = sum(len(a.objects) for a in addons)
+        count = sum(len(a.every_object) for a in addons)
         err.print(f"ok: {count} objects valid against the Kubernetes {version.used} API schemas", markup=False)
 
     if out_dir is None:
@@ -54,8 +54,8 @@ def manifests(
     out_dir.mkdir(parents=True, exist_ok=True)
     for addon in addons:
         path = out_dir / f"{addon.name}.yaml"
-        write_atomic(path, to_yaml(cluster, ordered(addon.objects), f"Add-on {addon.name}"))
-        out.print(f"wrote {path} ({len(addon.objects)} objects)", markup=False)
+        write_atomic(path, to_yaml(cluster, ordered(addon.every_object), f"Add-on {addon.name}"))
+        out.print(f"wrote {path} ({len(addon.every_object)} objects)", markup=False)
     # An add-on the cluster no longer has (its last GPU pool removed, say)
     # must not linger in the folder and be applied by someone later.
     rendered = {a.name for a in addons}

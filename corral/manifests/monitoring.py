@@ -27,6 +27,30 @@ NODE_LABELS = tuple(
 )
 
 
+# What kube-state-metrics watches: its default set (v2.13) without Secrets,
+# by API group. The ClusterRole grants exactly these and the Deployment
+# passes them as --resources, so it neither needs nor tries more. Secrets'
+# metrics are metadata only, but list/watch on Secrets returns their data:
+# every token and key in the cluster.
+KSM_RESOURCES: dict[str, tuple[str, ...]] = {
+    "": ("configmaps", "endpoints", "limitranges", "namespaces", "nodes", "persistentvolumeclaims",
+         "persistentvolumes", "pods", "replicationcontrollers", "resourcequotas", "services"),
+    "apps": ("daemonsets", "deployments", "replicasets", "statefulsets"),
+    "batch": ("cronjobs", "jobs"),
+    "autoscaling": ("horizontalpodautoscalers",),
+    "policy": ("poddisruptionbudgets",),
+    "certificates.k8s.io": ("certificatesigningrequests",),
+    "coordination.k8s.io": ("leases",),
+    "networking.k8s.io": ("ingresses", "networkpolicies"),
+    "storage.k8s.io": ("storageclasses", "volumeattachments"),
+    "admissionregistration.k8s.io": ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"),
+}
+
+
+def ksm_resources() -> dict[str, list[str]]:
+    return {group: list(resources) for group, resources in KSM_RESOURCES.items()}
+
+
 def ksm_label_allowlist() -> str:
     return f"namespaces=[{','.join(NAMESPACE_LABELS)}],nodes=[{','.join(NODE_LABELS)}]"
 
@@ -51,14 +75,6 @@ def _pods_job(name: str, app: str, port: int) -> dict:
 
 def prometheus_config(cluster: Cluster, gpu: bool) -> str:
     service_account = "/var/run/secrets/kubernetes.io/serviceaccount"
-    via_api_server = {
-        # kubelets' serving certificates are self-signed; going through the
-        # API server's node proxy uses the cluster CA and RBAC instead.
-        "scheme": "https",
-        "tls_config": {"ca_file": f"{service_account}/ca.crt"},
-        "authorization": {"credentials_file": f"{service_account}/token"},
-        "kubernetes_sd_configs": [{"role": "node"}],
-    }
     jobs = [
         {
             "job_name": "kube-state-metrics",
@@ -69,16 +85,18 @@ def prometheus_config(cluster: Cluster, gpu: bool) -> str:
         },
         _pods_job("node-exporter", "node-exporter", 9100),
         {
+            # Straight from each kubelet (the node's address, port 10250),
+            # not through the API server's node proxy: Prometheus needs only
+            # nodes/metrics. Kubelets serve certificates the cluster CA signed
+            # (serverTLSBootstrap, approved by kubelet-csr-approver), so the
+            # service account's CA verifies them, address included.
             "job_name": "kubelet-cadvisor",
-            **via_api_server,
+            "scheme": "https",
+            "metrics_path": "/metrics/cadvisor",
+            "tls_config": {"ca_file": f"{service_account}/ca.crt"},
+            "authorization": {"credentials_file": f"{service_account}/token"},
+            "kubernetes_sd_configs": [{"role": "node"}],
             "relabel_configs": [
-                {"target_label": "__address__", "replacement": "kubernetes.default.svc:443"},
-                {
-                    "source_labels": ["__meta_kubernetes_node_name"],
-                    "regex": "(.+)",
-                    "target_label": "__metrics_path__",
-                    "replacement": "/api/v1/nodes/$1/proxy/metrics/cadvisor",
-                },
                 {"source_labels": ["__meta_kubernetes_node_name"], "target_label": "node"},
             ],
         },

@@ -13,7 +13,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from corral.model.layout import node_group_name
+from corral.model.layout import layout, node_group_name
 from corral.model.schema import TEAM_TAINT_KEY, CloudPool, Cluster, OnPremPool, Taint, Team
 
 FLANNEL_NAMESPACE = "kube-flannel"
@@ -154,34 +154,140 @@ def team_namespaces(cluster: Cluster) -> list[dict]:
     teams = []
     for team in cluster.scheduling.teams:
         for namespace in team.namespaces:
-            if namespace in SYSTEM_NAMESPACES or namespace.startswith("kube-"):
+            if namespace in SYSTEM_NAMESPACES or namespace in KUBERNETES_NAMESPACES or namespace.startswith("kube-"):
                 raise ManifestError(
                     f"team '{team.name}' lists namespace '{namespace}', a system namespace "
-                    "corral's add-ons use: pick a namespace of the team's own"
+                    "(Kubernetes' own or one corral's add-ons use): pick a namespace of the team's own"
                 )
         teams.append({
             "name": team.name,
             "namespaces": [
-                {"name": ns, "annotations": namespace_annotations(cluster, team)} for ns in team.namespaces
+                {
+                    "name": ns,
+                    "annotations": namespace_annotations(cluster, team),
+                    "pod_security": pod_security_labels(cluster, TEAM_POD_SECURITY),
+                }
+                for ns in team.namespaces
             ],
         })
     return teams
 
 
-# The admission policy that makes "other namespaces cannot tolerate it" true.
-# PodTolerationRestriction only checks whitelists, which can allow but never
-# forbid one key: a namespace without a whitelist may tolerate anything. This
-# CEL rule forbids, everywhere but the system namespaces, any toleration that
-# would tolerate a team taint unless it is exactly `corral.dev/team=<the
-# namespace's team>:NoSchedule`. "Would tolerate" includes the wildcard
-# (no key, operator Exists) with no effect or NoSchedule.
-TEAM_POLICY_EXPRESSION = (
-    "!has(object.spec.tolerations) || object.spec.tolerations.all(t, "
-    "!((!has(t.key) || t.key == '' || t.key == '{key}') "
-    "&& (!has(t.effect) || t.effect == '' || t.effect == 'NoSchedule')) "
-    "|| (has(t.key) && t.key == '{key}' && (!has(t.operator) || t.operator == 'Equal') "
-    "&& has(t.value) && variables.namespaceTeam != '' && t.value == variables.namespaceTeam))"
-).format(key=TEAM_TAINT_KEY)
+# --- Pod Security Admission -------------------------------------------------
+
+PSA_PREFIX = "pod-security.kubernetes.io"
+# The namespaces every cluster has from the start. corral does not create
+# them; it patches their labels (server-side apply of the labels only, see
+# `Addon.patches`), and never deletes them.
+KUBERNETES_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+# Nothing of ours runs in these; a careless `kubectl run` lands in `default`.
+RESTRICTED_NAMESPACES = ("default", "kube-public", "kube-node-lease")
+# Node agents that need the host (kube-proxy and the static control-plane
+# pods, the NVIDIA device plugin's hostPath; flannel's own namespace says so
+# in flannel's manifest; node-exporter and dcgm-exporter in monitoring).
+PRIVILEGED_NAMESPACES = ("kube-system", FLANNEL_NAMESPACE, MONITORING_NAMESPACE)
+# Team namespaces: `baseline` is enforced, `restricted` audited and warned
+# about. baseline forbids everything that reaches the node (privileged, host
+# namespaces, hostPath, hostPort, added capabilities beyond the default set,
+# unmasked /proc, unsafe sysctls); restricted also insists on non-root and on
+# dropping every capability, which the GPU training images teams run (NGC
+# images run as root) do not meet. docs/addons.md has the argument.
+TEAM_POD_SECURITY = "baseline"
+
+
+def pod_security_labels(cluster: Cluster, enforce: str) -> dict[str, str]:
+    """The Pod Security Admission labels of a namespace enforcing `enforce`.
+
+    Versions are pinned to the cluster's minor, so a Kubernetes upgrade does
+    not silently change what a level means. audit and warn are one level
+    stricter than enforce where that is useful: `restricted` over `baseline`
+    (users see what keeps them from `restricted`), `baseline` over
+    `privileged` in the audit log only (the node agents there need more, and
+    a warning on every rollout would be noise).
+    """
+    version = f"v{cluster.kubernetes.minor}"
+    audit = {"restricted": "restricted", "baseline": "restricted", "privileged": "baseline"}[enforce]
+    labels = {
+        f"{PSA_PREFIX}/enforce": enforce,
+        f"{PSA_PREFIX}/enforce-version": version,
+        f"{PSA_PREFIX}/audit": audit,
+        f"{PSA_PREFIX}/audit-version": version,
+    }
+    if enforce != "privileged":
+        labels[f"{PSA_PREFIX}/warn"] = audit
+        labels[f"{PSA_PREFIX}/warn-version"] = version
+    return labels
+
+
+def kubernetes_namespaces(cluster: Cluster) -> list[dict]:
+    """The namespaces Kubernetes creates, with the Pod Security labels corral sets on them."""
+    return [
+        {"name": ns, "labels": pod_security_labels(cluster, "restricted" if ns in RESTRICTED_NAMESPACES else "privileged")}
+        for ns in KUBERNETES_NAMESPACES
+    ]
+
+
+# --- The pod placement policy (ValidatingAdmissionPolicy) -------------------
+#
+# What taints and the scheduler cannot enforce on their own, checked at
+# admission for every pod outside the node-agent namespaces
+# (SYSTEM_NAMESPACES, exempt through the binding's namespace selector):
+#
+# 1. No `spec.nodeName` on CREATE. A pod created with nodeName skips the
+#    scheduler, and the kubelet checks only NoExecute taints at admission,
+#    so nodeName walks past every NoSchedule taint: a team's reserved GPU
+#    node, an API server. The scheduler binds pods through the `binding`
+#    subresource, which this policy does not match, and the DaemonSet
+#    controller creates pods without nodeName (node affinity on the node's
+#    name, bound by the scheduler), so nothing legitimate outside the
+#    exempt namespaces sets it. On UPDATE nodeName is immutable.
+# 2. No wildcard toleration (no key, operator Exists) of NoSchedule taints:
+#    it tolerates every taint, the control plane's and every team's.
+# 3. No toleration of the control-plane taint: only kube-system and the
+#    add-on namespaces run on the API servers.
+# 4. Team taints: only `corral.dev/team=<the namespace's team>:NoSchedule`,
+#    and only in that team's namespaces. PodTolerationRestriction whitelists
+#    can allow but never forbid a key, and a namespace without a whitelist
+#    may tolerate anything; this rule forbids.
+
+CONTROL_PLANE_TAINT_KEY = "node-role.kubernetes.io/control-plane"
+PLACEMENT_POLICY_NAME = "corral-pod-placement"
+
+_NO_SCHEDULE_EFFECT = "(!has(t.effect) || t.effect == '' || t.effect == 'NoSchedule')"
+_NO_KEY = "(!has(t.key) || t.key == '')"
+
+
+def _all_tolerations(condition: str) -> str:
+    return f"!has(object.spec.tolerations) || object.spec.tolerations.all(t, {condition})"
+
+
+NODE_NAME_EXPRESSION = (
+    "request.operation != 'CREATE' || !has(object.spec.nodeName) || object.spec.nodeName == ''"
+)
+NODE_NAME_MESSAGE = (
+    "'pods in namespace ' + request.namespace + ' may not set spec.nodeName (' + object.spec.nodeName + '): "
+    "it skips the scheduler and every NoSchedule taint; select nodes with a nodeSelector or node affinity'"
+)
+
+WILDCARD_EXPRESSION = _all_tolerations(f"!({_NO_KEY} && {_NO_SCHEDULE_EFFECT})")
+WILDCARD_MESSAGE = (
+    "'namespace ' + request.namespace + ' may not tolerate every taint: a toleration without a key "
+    "(operator Exists) tolerates the control plane and every team; name the taint it is for'"
+)
+
+CONTROL_PLANE_EXPRESSION = _all_tolerations(f"!has(t.key) || t.key != '{CONTROL_PLANE_TAINT_KEY}'")
+CONTROL_PLANE_MESSAGE = (
+    f"'namespace ' + request.namespace + ' may not tolerate {CONTROL_PLANE_TAINT_KEY}: "
+    "only kube-system and the add-on namespaces run on the API servers'"
+)
+
+# "Would tolerate a team taint" includes the wildcard; the only toleration of
+# the team key allowed is exactly `corral.dev/team=<namespace's team>:NoSchedule`.
+TEAM_POLICY_EXPRESSION = _all_tolerations(
+    f"!(({_NO_KEY} || t.key == '{TEAM_TAINT_KEY}') && {_NO_SCHEDULE_EFFECT}) "
+    f"|| (has(t.key) && t.key == '{TEAM_TAINT_KEY}' && (!has(t.operator) || t.operator == 'Equal') "
+    "&& has(t.value) && variables.namespaceTeam != '' && t.value == variables.namespaceTeam)"
+)
 
 TEAM_POLICY_MESSAGE = (
     "'namespace ' + request.namespace + ' may not tolerate ' + "
@@ -194,20 +300,23 @@ def _cel_string(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def team_policy(cluster: Cluster) -> dict | None:
-    """The ValidatingAdmissionPolicy's variable parts; None without teams."""
-    if not cluster.scheduling.teams:
-        return None
+def placement_policy(cluster: Cluster) -> dict:
+    """The ValidatingAdmissionPolicy's variable parts (every cluster has one)."""
     pairs = [
         f"{_cel_string(ns)}: {_cel_string(team.name)}"
         for team in cluster.scheduling.teams
         for ns in team.namespaces
     ]
     return {
+        "name": PLACEMENT_POLICY_NAME,
         "exempt_namespaces": list(SYSTEM_NAMESPACES),
         "team_of_namespace": "{" + ", ".join(pairs) + "}",
-        "expression": TEAM_POLICY_EXPRESSION,
-        "message_expression": TEAM_POLICY_MESSAGE,
+        "validations": [
+            {"expression": NODE_NAME_EXPRESSION, "messageExpression": NODE_NAME_MESSAGE, "reason": "Forbidden"},
+            {"expression": WILDCARD_EXPRESSION, "messageExpression": WILDCARD_MESSAGE, "reason": "Forbidden"},
+            {"expression": CONTROL_PLANE_EXPRESSION, "messageExpression": CONTROL_PLANE_MESSAGE, "reason": "Forbidden"},
+            {"expression": TEAM_POLICY_EXPRESSION, "messageExpression": TEAM_POLICY_MESSAGE, "reason": "Forbidden"},
+        ],
     }
 
 
@@ -405,3 +514,119 @@ def off_gpu_affinity() -> dict:
             ],
         }
     }
+
+
+# --- kubelet serving certificates (kubelet-csr-approver) ----------------------
+#
+# Kubelets request their serving certificates from the cluster CA
+# (`serverTLSBootstrap: true`) and the API server verifies them
+# (`--kubelet-certificate-authority`). Nothing in Kubernetes approves those
+# requests; kubelet-csr-approver does, only for names and addresses the
+# cluster file says are this cluster's nodes. The CSR's user is the node's
+# authenticated identity (`system:node:<name>`), and the approver checks that
+# the certificate's common name is that user and its DNS name starts with
+# the node's name. On top of that, every DNS name must match the node names
+# below and every IP address must lie in the node networks below: a node's
+# credentials cannot get a certificate for the API servers' load balancer, an
+# etcd member, or a name outside the cluster.
+
+
+def _host_pattern_regex(pattern: str) -> str:
+    """A host pattern (`gpu-[001:064].sf1.internal`) as an RE2 regex body.
+
+    Ranges become digit runs of the padded width; the name may be the short
+    name (first label) alone, since nodes register with their host name as
+    the system reports it, which is often the short one.
+    """
+    first, _, domain = pattern.partition(".")
+
+    def body(text: str) -> str:
+        out, rest = [], text
+        while "[" in rest:
+            head, _, tail = rest.partition("[")
+            bounds, _, rest = tail.partition("]")
+            start, _, _end = bounds.partition(":")
+            width = len(start) if start.startswith("0") else 0
+            out.append(head.replace(".", r"\."))
+            out.append(f"[0-9]{{{width}}}" if width else "[0-9]+")
+        out.append(rest.replace(".", r"\."))
+        return "".join(out)
+
+    return body(first) + (f"(\\.{body(domain)})?" if domain else "")
+
+
+def _octets() -> str:
+    return "-".join(["[0-9]{1,3}"] * 4)
+
+
+def node_name_patterns(cluster: Cluster) -> list[str]:
+    """RE2 regex bodies, one per kind of node, for the names nodes register with.
+
+    - API servers: their fixed names (corral/model/layout.py).
+    - on-prem pools: their host patterns.
+    - Azure pools: the scale set's computer name prefix and 6 base-36 characters.
+    - GCP pools: the zonal MIG's base instance name and 4 characters.
+    - AWS pools: the EC2 IP-based host name, short or with the region's domain.
+    """
+    patterns = [re_escape(server.name) for server in layout(cluster).api_servers]
+    for pool in cluster.onprem_pools:
+        patterns += [_host_pattern_regex(p) for p in pool.hosts]
+    for pool in cluster.cloud_pools:
+        if pool.provider == "azure":
+            patterns.append(re_escape(node_group_name(cluster, pool)) + "-[0-9a-z]{6}")
+        elif pool.provider == "gcp":
+            for zone in pool.zones or cluster.control_plane.zones:
+                patterns.append(re_escape(gcp_zonal_group_name(cluster, pool, zone)) + "-[0-9a-z]{4}")
+        elif pool.provider == "aws":
+            region = re_escape(cluster.control_plane.region)
+            patterns.append(f"ip-{_octets()}(\\.({region}\\.compute|ec2)\\.internal)?")
+    unique = []
+    for pattern in patterns:
+        if pattern not in unique:
+            unique.append(pattern)
+    return unique
+
+
+def re_escape(text: str) -> str:
+    """Host-name text as a regex literal: only '.' is special in [a-z0-9.-]."""
+    return text.replace(".", r"\.")
+
+
+def node_name_regex(cluster: Cluster) -> str:
+    """The approver's `--provider-regex`: anchored, one alternative per kind of node."""
+    return "^(" + "|".join(f"({p})" for p in node_name_patterns(cluster)) + ")$"
+
+
+def node_ip_prefixes(cluster: Cluster) -> list[str]:
+    """The approver's `--provider-ip-prefixes`: where nodes live, and nothing else.
+
+    Each API server's own address (/32), never the whole control subnet that
+    also holds the API load balancer and the etcd members; the node subnets
+    of the control plane's network when the cluster has cloud pools; the
+    sites' networks when it has on-prem pools.
+    """
+    lay = layout(cluster)
+    prefixes = [f"{server.ip}/32" for server in lay.api_servers]
+    if cluster.cloud_pools:
+        prefixes += [zone.node_subnet for zone in lay.zones]
+    sites = {pool.site for pool in cluster.onprem_pools}
+    for site in cluster.sites:
+        if site.name in sites:
+            prefixes += [str(cidr) for cidr in site.cidrs]
+    return prefixes
+
+
+def csr_approver_args(cluster: Cluster) -> list[str]:
+    return [
+        f"--provider-regex={node_name_regex(cluster)}",
+        f"--provider-ip-prefixes={','.join(node_ip_prefixes(cluster))}",
+        # The kubelet asks for one DNS name: its host name.
+        "--allowed-dns-names=1",
+        # Node names are not resolvable from everywhere the approver may run
+        # (an on-prem host's name from a cloud API server, without DNS
+        # forwarding to the site): the name regex and the address ranges
+        # above are the checks instead of a lookup.
+        "--bypass-dns-resolution=true",
+        "--metrics-bind-address=:8080",
+        "--health-probe-bind-address=:8081",
+    ]

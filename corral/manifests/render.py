@@ -47,10 +47,22 @@ KIND_ORDER = (
 
 @dataclass(frozen=True)
 class Addon:
-    """One add-on (one file of `corral manifests --out`): a name and its objects."""
+    """One add-on (one file of `corral manifests --out`): a name and its objects.
+
+    `patches` are fields of objects corral does not own: the labels of the
+    namespaces Kubernetes creates itself (`default`, `kube-system`, ...).
+    They are applied with server-side apply as patches, never created or
+    deleted (`kubectl apply --server-side` does that with the file; Pulumi
+    needs a NamespacePatch, not a Namespace, for them).
+    """
 
     name: str
     objects: tuple[dict, ...]
+    patches: tuple[dict, ...] = ()
+
+    @property
+    def every_object(self) -> tuple[dict, ...]:
+        return self.objects + self.patches
 
 
 def object_key(obj: dict) -> str:
@@ -241,7 +253,24 @@ def scheduling(cluster: Cluster) -> list[dict]:
 
 
 def teams(cluster: Cluster) -> list[dict]:
-    return _template("teams", teams=policy.team_namespaces(cluster), policy=policy.team_policy(cluster))
+    return _template("teams", teams=policy.team_namespaces(cluster))
+
+
+def pod_security(cluster: Cluster) -> list[dict]:
+    return _template(
+        "pod-security",
+        namespaces=policy.kubernetes_namespaces(cluster),
+        policy=policy.placement_policy(cluster),
+    )
+
+
+def kubelet_csr_approver(cluster: Cluster) -> list[dict]:
+    return _template(
+        "kubelet-csr-approver",
+        image=versions.KUBELET_CSR_APPROVER,
+        args=policy.csr_approver_args(cluster),
+        affinity=policy.autoscaler_affinity(),
+    )
 
 
 def monitoring_stack(cluster: Cluster) -> list[dict]:
@@ -256,6 +285,8 @@ def monitoring_stack(cluster: Cluster) -> list[dict]:
         config_hash=_hash(config, rules),
         retention=monitoring.RETENTION,
         ksm_label_allowlist=monitoring.ksm_label_allowlist(),
+        ksm_resources=monitoring.ksm_resources(),
+        pod_security=policy.pod_security_labels(cluster, "privileged"),
         off_gpu_affinity=policy.off_gpu_affinity(),
         gpu=gpu,
         gpu_node_selector=policy.gpu_node_selector(),
@@ -270,7 +301,10 @@ def monitoring_stack(cluster: Cluster) -> list[dict]:
 
 
 # Every add-on corral knows, in apply order, with when it applies.
-ADDON_NAMES = ("flannel", "teams", "scheduling", "nvidia-device-plugin", "cluster-autoscaler", "monitoring")
+ADDON_NAMES = (
+    "flannel", "pod-security", "teams", "scheduling", "nvidia-device-plugin", "cluster-autoscaler",
+    "kubelet-csr-approver", "monitoring",
+)
 
 
 def render(cluster: Cluster) -> list[Addon]:
@@ -279,21 +313,35 @@ def render(cluster: Cluster) -> list[Addon]:
     sched = cluster.scheduling
     parts: list[tuple[str, bool, object]] = [
         ("flannel", True, flannel),
+        ("pod-security", True, pod_security),
         ("teams", bool(sched.teams), teams),
         ("scheduling", sched.bin_packing or sched.coscheduling, scheduling),
         ("nvidia-device-plugin", bool(policy.gpu_pools(cluster)), nvidia_device_plugin),
         ("cluster-autoscaler", bool(cluster.cloud_pools), cluster_autoscaler),
+        ("kubelet-csr-approver", True, kubelet_csr_approver),
         ("monitoring", True, monitoring_stack),
     ]
-    addons = [Addon(name, tuple(build(cluster))) for name, wanted, build in parts if wanted]
+    addons = [_split_patches(name, build(cluster)) for name, wanted, build in parts if wanted]
     _check_unique(addons)
     return addons
+
+
+def _split_patches(name: str, objects: list[dict]) -> Addon:
+    """The add-on, with the namespaces Kubernetes creates itself as patches."""
+    def is_patch(obj: dict) -> bool:
+        return obj["kind"] == "Namespace" and obj["metadata"]["name"] in policy.KUBERNETES_NAMESPACES
+
+    return Addon(
+        name,
+        tuple(o for o in objects if not is_patch(o)),
+        tuple(o for o in objects if is_patch(o)),
+    )
 
 
 def _check_unique(addons: list[Addon]) -> None:
     seen: dict[str, str] = {}
     for addon in addons:
-        for obj in addon.objects:
+        for obj in addon.every_object:
             key = object_key(obj)
             if key in seen:
                 raise policy.ManifestError(f"{key} is rendered twice (add-ons {seen[key]} and {addon.name})")
@@ -301,7 +349,8 @@ def _check_unique(addons: list[Addon]) -> None:
 
 
 def all_objects(addons: list[Addon]) -> list[dict]:
-    return ordered(obj for addon in addons for obj in addon.objects)
+    """Every object and patch of the add-ons, in apply order."""
+    return ordered(obj for addon in addons for obj in addon.every_object)
 
 
 # --- YAML out -------------------------------------------------------------------

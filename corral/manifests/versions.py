@@ -25,6 +25,11 @@ PROMETHEUS = "quay.io/prometheus/prometheus:v2.55.1"
 NODE_EXPORTER = "quay.io/prometheus/node-exporter:v1.8.2"
 KUBE_STATE_METRICS = "registry.k8s.io/kube-state-metrics/kube-state-metrics:v2.13.0"
 
+# Approves kubelet serving-certificate requests (github.com/postfinance/
+# kubelet-csr-approver; it supports the three newest Kubernetes minors and
+# uses only the stable certificates.k8s.io/v1 API).
+KUBELET_CSR_APPROVER = "ghcr.io/postfinance/kubelet-csr-approver:v1.2.14"
+
 # cluster-autoscaler is released per Kubernetes minor and only supports its
 # own minor: add a line when a cluster moves to a new one.
 CLUSTER_AUTOSCALER = {

@@ -273,64 +273,7 @@ def test_a_team_namespace_that_is_a_system_namespace_is_refused(tmp_path):
         render(cluster)
 
 
-# The admission policy, evaluated with a CEL interpreter against pods the API
-# server would see (cel-python; the CEL used is the standard subset).
-def admit(cluster: Cluster, namespace: str, tolerations: list[dict] | None) -> bool:
-    celpy = pytest.importorskip("celpy")
-    vap = find(objects_of(cluster), "ValidatingAdmissionPolicy/corral-team-tolerations")["spec"]
-    selector = vap["matchConstraints"]["namespaceSelector"]["matchExpressions"][0]
-    if namespace in selector["values"]:
-        return True  # the policy does not apply there
-    env = celpy.Environment()
-
-    def evaluate(expression: str, activation: dict):
-        program = env.program(env.compile(expression))
-        return program.evaluate(activation)
-
-    pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}}
-    if tolerations is not None:
-        pod["spec"]["tolerations"] = tolerations
-    activation = {
-        "object": celpy.json_to_cel(pod),
-        "request": celpy.json_to_cel({"namespace": namespace}),
-        "variables": celpy.json_to_cel({}),
-    }
-    variables = {}
-    for var in vap["variables"]:
-        variables[var["name"]] = evaluate(var["expression"], activation)
-        activation["variables"] = celpy.celtypes.MapType(
-            {celpy.celtypes.StringType(k): v for k, v in variables.items()})
-    return bool(evaluate(vap["validations"][0]["expression"], activation))
-
-
-TEAM_TOLERATION = {"key": TEAM_TAINT_KEY, "operator": "Equal", "value": "robotics", "effect": "NoSchedule"}
-
-
-@pytest.mark.parametrize(("namespace", "tolerations", "allowed"), [
-    ("robotics", [TEAM_TOLERATION], True),
-    ("robotics", None, True),
-    ("default", None, True),
-    ("default", [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}], True),
-    ("default", [{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
-                  "tolerationSeconds": 300}], True),
-    ("default", [{"operator": "Exists", "effect": "NoExecute"}], True),
-    ("default", [TEAM_TOLERATION], False),
-    ("default", [{"key": TEAM_TAINT_KEY, "operator": "Exists"}], False),
-    ("default", [{"operator": "Exists"}], False),  # the wildcard tolerates every taint
-    ("default", [{"operator": "Exists", "effect": "NoSchedule"}], False),
-    ("robotics", [{"key": TEAM_TAINT_KEY, "operator": "Equal", "value": "vision", "effect": "NoSchedule"}], False),
-    ("robotics", [{"key": TEAM_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}], False),
-    ("robotics", [{"key": TEAM_TAINT_KEY, "value": "robotics"}], True),  # operator defaults to Equal
-    ("kube-system", [{"operator": "Exists"}], True),  # node agents
-    ("corral-monitoring", [{"operator": "Exists"}], True),
-])
-def test_admission_policy_keeps_team_taints_to_the_team(namespace, tolerations, allowed):
-    assert admit(FLEET.clusters["jaguar"], namespace, tolerations) is allowed
-
-
-def test_no_teams_no_team_policy():
-    keys = objects_of(FLEET.clusters["ibis"])
-    assert not any("ValidatingAdmissionPolicy" in k for k in keys)
+# The pod placement admission policy: tests/manifests/test_cluster_policy.py.
 
 
 # --- cluster-autoscaler ---------------------------------------------------------
@@ -520,8 +463,8 @@ def test_cli_writes_one_file_per_addon_and_removes_stale_ones(tmp_path):
     result = CliRunner().invoke(cli(), ["manifests", "jaguar", "--clusters", str(fleet), "--out", str(out)])
     assert result.exit_code == 0, result.output
     written = sorted(p.name for p in out.iterdir())
-    assert written == ["flannel.yaml", "monitoring.yaml", "notes.txt", "nvidia-device-plugin.yaml",
-                       "scheduling.yaml", "teams.yaml"]
+    assert written == ["flannel.yaml", "kubelet-csr-approver.yaml", "monitoring.yaml", "notes.txt",
+                       "nvidia-device-plugin.yaml", "pod-security.yaml", "scheduling.yaml", "teams.yaml"]
     assert "removed" in result.stdout
 
 

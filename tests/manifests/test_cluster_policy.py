@@ -1,0 +1,452 @@
+"""What a pod may do and where it may run, and who may read what, in the add-ons.
+
+- The pod placement ValidatingAdmissionPolicy, its real CEL evaluated with a
+  CEL interpreter (cel-python) against the pods the API server would see:
+  every known bypass (nodeName onto a reserved or control-plane node, the
+  control-plane toleration, wildcard tolerations, another team's taint) and
+  the pods that must still pass (corral's own workloads among them).
+- Pod Security Admission labels on every namespace corral manages or patches.
+- Least privilege of the monitoring and kubelet-csr-approver identities.
+- kubelet serving certificates: requested from the cluster CA, verified by
+  the API server, approved only for this cluster's node names and addresses.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+
+import pytest
+
+from corral.manifests import all_objects, object_key, policy, render
+from corral.manifests.monitoring import KSM_RESOURCES
+from corral.model import Cluster, load_fleet
+from corral.model.layout import layout
+from corral.model.schema import TEAM_TAINT_KEY
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "clusters"
+FLEET = load_fleet([EXAMPLES])
+NAMES = sorted(FLEET.clusters)
+WORKLOAD_KINDS = ("DaemonSet", "Deployment", "StatefulSet")
+CONTROL_PLANE = "node-role.kubernetes.io/control-plane"
+
+
+def objects_of(cluster: Cluster) -> dict[str, dict]:
+    return {object_key(o): o for o in all_objects(render(cluster))}
+
+
+def placement_policy(cluster: Cluster) -> dict:
+    objects = objects_of(cluster)
+    key = f"ValidatingAdmissionPolicy/{policy.PLACEMENT_POLICY_NAME}"
+    assert key in objects, sorted(objects)
+    return objects[key]
+
+
+# --- the placement policy, evaluated ---------------------------------------------
+
+
+def admit(cluster: Cluster, namespace: str, spec: dict, operation: str = "CREATE") -> tuple[bool, list[str]]:
+    """(allowed, denial messages) for a pod with `spec` in `namespace`, as the API server decides.
+
+    The namespace selector is matched as the API server does (the
+    kubernetes.io/metadata.name label is the namespace's name); then the
+    variables and every validation are evaluated, and the message
+    expression of each failing validation.
+    """
+    celpy = pytest.importorskip("celpy")
+    vap = placement_policy(cluster)["spec"]
+    for expression in vap["matchConstraints"]["namespaceSelector"]["matchExpressions"]:
+        assert expression["key"] == "kubernetes.io/metadata.name" and expression["operator"] == "NotIn"
+        if namespace in expression["values"]:
+            return True, []  # the policy does not apply there
+    env = celpy.Environment()
+
+    def evaluate(expression: str, activation: dict):
+        return env.program(env.compile(expression)).evaluate(activation)
+
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": namespace}, "spec": spec}
+    activation = {
+        "object": celpy.json_to_cel(pod),
+        "request": celpy.json_to_cel({"namespace": namespace, "operation": operation}),
+        "variables": celpy.json_to_cel({}),
+    }
+    variables = {}
+    for var in vap["variables"]:
+        variables[var["name"]] = evaluate(var["expression"], activation)
+        activation["variables"] = celpy.celtypes.MapType(
+            {celpy.celtypes.StringType(k): v for k, v in variables.items()})
+    messages = []
+    for validation in vap["validations"]:
+        result = evaluate(validation["expression"], activation)
+        assert isinstance(result, celpy.celtypes.BoolType), (validation["expression"], result)
+        if not result:
+            messages.append(str(evaluate(validation["messageExpression"], activation)))
+    return not messages, messages
+
+
+def pod(*tolerations: dict, node_name: str | None = None) -> dict:
+    spec: dict = {"containers": [{"name": "c", "image": "registry.example/job:1"}]}
+    if tolerations:
+        spec["tolerations"] = list(tolerations)
+    if node_name is not None:
+        spec["nodeName"] = node_name
+    return spec
+
+
+def team(value: str, **extra) -> dict:
+    return {"key": TEAM_TAINT_KEY, "operator": "Equal", "value": value, "effect": "NoSchedule", **extra}
+
+
+JAGUAR = FLEET.clusters["jaguar"]
+ROBOTICS_NODE = JAGUAR.pool("gpu-h100-robotics").host_names[0]  # reserved for robotics
+SHARED_GPU_NODE = JAGUAR.pool("gpu-h100-sf1").host_names[0]
+API_SERVER = layout(JAGUAR).api_servers[0].name
+
+DENIED = [
+    # nodeName skips the scheduler and with it every NoSchedule taint.
+    ("nodeName onto another team's reserved node", "default", pod(node_name=ROBOTICS_NODE)),
+    ("nodeName onto an API server", "default", pod(node_name=API_SERVER)),
+    ("nodeName onto an API server from a team", "robotics", pod(node_name=API_SERVER)),
+    ("nodeName even onto the team's own node", "robotics", pod(team("robotics"), node_name=ROBOTICS_NODE)),
+    ("nodeName onto a shared node", "default", pod(node_name=SHARED_GPU_NODE)),
+    # The control plane's taint, from anywhere but kube-system and the add-ons.
+    ("control-plane toleration", "default", pod({"key": CONTROL_PLANE, "operator": "Exists", "effect": "NoSchedule"})),
+    ("control-plane toleration, any effect", "robotics", pod({"key": CONTROL_PLANE, "operator": "Exists"})),
+    ("control-plane toleration, Equal", "robotics", pod({"key": CONTROL_PLANE, "operator": "Equal", "value": ""})),
+    # The wildcard tolerates every taint.
+    ("wildcard", "default", pod({"operator": "Exists"})),
+    ("wildcard from a team", "robotics", pod(team("robotics"), {"operator": "Exists"})),
+    ("wildcard NoSchedule", "robotics", pod({"operator": "Exists", "effect": "NoSchedule"})),
+    ("wildcard with an empty key", "default", pod({"key": "", "operator": "Exists", "effect": "NoSchedule"})),
+    # Team taints stay the team's.
+    ("another team's taint", "robotics", pod(team("vision"))),
+    ("a team's taint outside the team", "default", pod(team("robotics"))),
+    ("every team's taint", "robotics", pod({"key": TEAM_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"})),
+    ("every team's taint, any effect", "default", pod({"key": TEAM_TAINT_KEY, "operator": "Exists"})),
+]
+
+ALLOWED = [
+    ("no tolerations", "default", pod(), "CREATE"),
+    ("the team's own taint", "robotics", pod(team("robotics")), "CREATE"),
+    ("the team's own taint, operator defaulted", "robotics",
+     pod({"key": TEAM_TAINT_KEY, "value": "robotics"}), "CREATE"),
+    ("GPU taint", "default", pod({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}), "CREATE"),
+    ("what Kubernetes adds to every pod", "robotics",
+     pod({"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+         {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
+          "tolerationSeconds": 300}), "CREATE"),
+    ("wildcard of NoExecute taints only", "default", pod({"operator": "Exists", "effect": "NoExecute"}), "CREATE"),
+    # A pod the scheduler bound has nodeName; updating it (a new toleration,
+    # an image) is fine: nodeName itself is immutable on UPDATE.
+    ("update of a bound pod", "robotics", pod(team("robotics"), node_name=ROBOTICS_NODE), "UPDATE"),
+    ("an empty nodeName", "default", pod(node_name=""), "CREATE"),
+    # Node agents and the kubelet's mirror pods.
+    ("node agents in kube-system", "kube-system", pod({"operator": "Exists"}, node_name=ROBOTICS_NODE), "CREATE"),
+    ("control-plane toleration in kube-system", "kube-system",
+     pod({"key": CONTROL_PLANE, "operator": "Exists", "effect": "NoSchedule"}), "CREATE"),
+    ("exporters in corral-monitoring", "corral-monitoring", pod({"operator": "Exists"}), "CREATE"),
+    ("flannel", "kube-flannel", pod({"operator": "Exists"}), "CREATE"),
+]
+
+
+@pytest.mark.parametrize(("why", "namespace", "spec"), DENIED, ids=[c[0] for c in DENIED])
+def test_placement_policy_closes_every_bypass(why, namespace, spec):
+    allowed, messages = admit(JAGUAR, namespace, spec)
+    assert not allowed, why
+    assert all(namespace in m for m in messages), messages
+
+
+@pytest.mark.parametrize(("why", "namespace", "spec", "operation"), ALLOWED, ids=[c[0] for c in ALLOWED])
+def test_placement_policy_admits_what_must_run(why, namespace, spec, operation):
+    allowed, messages = admit(JAGUAR, namespace, spec, operation)
+    assert allowed, (why, messages)
+
+
+def test_denials_say_what_to_do_instead():
+    _, messages = admit(JAGUAR, "default", pod(node_name=API_SERVER))
+    assert messages == [
+        f"pods in namespace default may not set spec.nodeName ({API_SERVER}): it skips the scheduler and "
+        "every NoSchedule taint; select nodes with a nodeSelector or node affinity"
+    ]
+    _, messages = admit(JAGUAR, "robotics", pod(team("vision")))
+    assert messages == [f"namespace robotics may not tolerate a taint of another team: only {TEAM_TAINT_KEY}=robotics:NoSchedule"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_cluster_has_the_placement_policy_bound_with_deny(name):
+    cluster = FLEET.clusters[name]
+    objects = objects_of(cluster)
+    vap = placement_policy(cluster)
+    binding = objects[f"ValidatingAdmissionPolicyBinding/{policy.PLACEMENT_POLICY_NAME}"]
+    assert binding["spec"] == {"policyName": policy.PLACEMENT_POLICY_NAME, "validationActions": ["Deny"]}
+    assert vap["spec"]["failurePolicy"] == "Fail"
+    rules = vap["spec"]["matchConstraints"]["resourceRules"]
+    assert rules == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["pods"]}]
+    # Without teams too (ibis): nodeName and the control plane are closed.
+    assert not admit(cluster, "default", pod(node_name=layout(cluster).api_servers[0].name))[0]
+    assert not admit(cluster, "default", pod({"key": CONTROL_PLANE, "operator": "Exists"}))[0]
+    assert admit(cluster, "default", pod())[0]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_corrals_own_workloads_pass_the_placement_policy(name):
+    cluster = FLEET.clusters[name]
+    for obj in all_objects(render(cluster)):
+        if obj["kind"] in WORKLOAD_KINDS:
+            allowed, messages = admit(cluster, obj["metadata"]["namespace"], obj["spec"]["template"]["spec"])
+            assert allowed, (object_key(obj), messages)
+
+
+def test_exempt_namespaces_are_only_the_node_agent_namespaces():
+    selector = placement_policy(JAGUAR)["spec"]["matchConstraints"]["namespaceSelector"]["matchExpressions"]
+    assert selector == [{"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+                         "values": ["kube-system", "kube-flannel", "corral-monitoring"]}]
+
+
+# --- Pod Security Admission ------------------------------------------------------
+
+PSA = "pod-security.kubernetes.io"
+# What `baseline` forbids of a pod (the checks corral's workloads could hit).
+BASELINE_CAPABILITIES = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
+                         "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
+
+
+def baseline_violations(spec: dict) -> list[str]:
+    found = [f for f in ("hostNetwork", "hostPID", "hostIPC") if spec.get(f)]
+    found += [f"hostPath {v['name']}" for v in spec.get("volumes", []) if "hostPath" in v]
+    for container in spec.get("initContainers", []) + spec["containers"]:
+        context = container.get("securityContext", {})
+        if context.get("privileged"):
+            found.append(f"{container['name']} privileged")
+        added = set(context.get("capabilities", {}).get("add", [])) - BASELINE_CAPABILITIES
+        found += [f"{container['name']} adds {cap}" for cap in sorted(added)]
+        found += [f"{container['name']} hostPort" for p in container.get("ports", []) if p.get("hostPort")]
+    return found
+
+
+def namespaces(cluster: Cluster) -> dict[str, dict]:
+    return {o["metadata"]["name"]: o for o in all_objects(render(cluster)) if o["kind"] == "Namespace"}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_default_and_team_namespaces_enforce_pod_security(name):
+    cluster = FLEET.clusters[name]
+    rendered = namespaces(cluster)
+    version = f"v{cluster.kubernetes.minor}"
+    wanted = {"default": "restricted", "kube-public": "restricted", "kube-node-lease": "restricted"}
+    for team in cluster.scheduling.teams:
+        wanted.update({ns: "baseline" for ns in team.namespaces})
+    for ns, level in wanted.items():
+        labels = rendered[ns]["metadata"]["labels"]
+        assert labels[f"{PSA}/enforce"] == level, ns
+        assert labels[f"{PSA}/enforce-version"] == version, ns
+        # Users and the audit log see what keeps a pod from `restricted`.
+        for mode in ("audit", "warn"):
+            assert labels[f"{PSA}/{mode}"] == "restricted", (ns, mode)
+            assert labels[f"{PSA}/{mode}-version"] == version, (ns, mode)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_namespace_has_a_level_and_privileged_only_where_node_agents_need_it(name):
+    cluster = FLEET.clusters[name]
+    rendered = namespaces(cluster)
+    assert set(policy.KUBERNETES_NAMESPACES) <= set(rendered)
+    workloads = [o for o in all_objects(render(cluster)) if o["kind"] in WORKLOAD_KINDS]
+    for ns, obj in rendered.items():
+        labels = obj["metadata"]["labels"]
+        level = labels[f"{PSA}/enforce"]
+        if f"{PSA}/enforce-version" in labels or ns != policy.FLANNEL_NAMESPACE:
+            assert labels[f"{PSA}/enforce-version"] == f"v{cluster.kubernetes.minor}", ns
+        assert (level == "privileged") == (ns in policy.PRIVILEGED_NAMESPACES), ns
+        if level == "privileged" and ns != "kube-system":  # kube-system: kube-proxy, static pods
+            needing = [object_key(w) for w in workloads if w["metadata"]["namespace"] == ns
+                       and baseline_violations(w["spec"]["template"]["spec"])]
+            assert needing, f"{ns} is privileged but none of its workloads needs more than baseline"
+        for workload in (w for w in workloads if w["metadata"]["namespace"] == ns and level != "privileged"):
+            assert baseline_violations(workload["spec"]["template"]["spec"]) == [], object_key(workload)
+
+
+def test_kubernetes_own_namespaces_are_patched_never_owned():
+    for addon in render(JAGUAR):
+        for obj in addon.objects:
+            assert not (obj["kind"] == "Namespace" and obj["metadata"]["name"] in policy.KUBERNETES_NAMESPACES)
+    patches = {o["metadata"]["name"] for a in render(JAGUAR) for o in a.patches}
+    assert patches == set(policy.KUBERNETES_NAMESPACES)
+
+
+def test_a_team_may_not_claim_the_default_namespace(tmp_path):
+    text = (EXAMPLES / "jaguar.yaml").read_text().replace("namespaces: [robotics]", "namespaces: [robotics, default]", 1)
+    (tmp_path / "jaguar.yaml").write_text(text)
+    cluster = load_fleet([tmp_path]).clusters["jaguar"]
+    with pytest.raises(policy.ManifestError, match="'default'"):
+        render(cluster)
+
+
+# --- least privilege of corral's identities ---------------------------------------
+
+
+def cluster_roles(cluster: Cluster) -> dict[str, list[dict]]:
+    return {o["metadata"]["name"]: o["rules"] for o in all_objects(render(cluster)) if o["kind"] == "ClusterRole"}
+
+
+def grants(rules: list[dict], resource: str, verb: str) -> bool:
+    return any(resource in r.get("resources", []) and (verb in r["verbs"] or "*" in r["verbs"]) for r in rules)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_addon_can_read_secrets_or_use_the_kubelet_api(name):
+    for role, rules in cluster_roles(FLEET.clusters[name]).items():
+        for verb in ("get", "list", "watch"):
+            assert not grants(rules, "secrets", verb), (role, verb)
+        for verb in ("get", "create"):
+            assert not grants(rules, "nodes/proxy", verb), (role, verb)
+        assert not any("*" in r.get("resources", []) for r in rules), role
+
+
+def ksm_args(cluster: Cluster) -> list[str]:
+    deployment = objects_of(cluster)["Deployment/corral-monitoring/kube-state-metrics"]
+    return deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_kube_state_metrics_watches_exactly_what_its_role_allows_and_no_secrets(name):
+    cluster = FLEET.clusters[name]
+    rules = cluster_roles(cluster)["corral-kube-state-metrics"]
+    allowed = {(group, res) for r in rules for group in r["apiGroups"] for res in r["resources"]}
+    assert all(r["verbs"] == ["list", "watch"] for r in rules)
+    assert allowed == {(g, res) for g, names in KSM_RESOURCES.items() for res in names}
+    resources = next(a for a in ksm_args(cluster) if a.startswith("--resources=")).removeprefix("--resources=")
+    assert sorted(resources.split(",")) == sorted(res for _, res in allowed)
+    assert "secrets" not in resources.split(",")
+    # Billing needs pods and namespaces (requests, the team label) and nodes.
+    assert {"pods", "namespaces", "nodes"} <= set(resources.split(","))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_prometheus_scrapes_kubelets_directly_with_the_cluster_ca(name):
+    from ruamel.yaml import YAML
+
+    cluster = FLEET.clusters[name]
+    objects = objects_of(cluster)
+    rules = cluster_roles(cluster)["corral-prometheus"]
+    assert grants(rules, "nodes/metrics", "get") and grants(rules, "nodes", "list")
+    config = YAML(typ="safe", pure=True).load(objects["ConfigMap/corral-monitoring/prometheus-config"]["data"]["prometheus.yml"])
+    kubelet = next(j for j in config["scrape_configs"] if j["job_name"] == "kubelet-cadvisor")
+    assert kubelet["scheme"] == "https" and kubelet["metrics_path"] == "/metrics/cadvisor"
+    assert kubelet["kubernetes_sd_configs"] == [{"role": "node"}]
+    # The node's own address and kubelet port, verified against the cluster CA.
+    assert kubelet["tls_config"] == {"ca_file": "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"}
+    assert not any(r.get("target_label") in ("__address__", "__metrics_path__") for r in kubelet["relabel_configs"])
+    assert "/proxy" not in objects["ConfigMap/corral-monitoring/prometheus-config"]["data"]["prometheus.yml"]
+
+
+# --- kubelet serving certificates ---------------------------------------------------
+
+
+def kubeadm_init_documents(cluster: Cluster) -> dict[str, dict]:
+    from ruamel.yaml import YAML
+
+    bootstrap = pytest.importorskip("corral.infra.bootstrap")
+    token = "abcdef.0123456789abcdef"
+    if hasattr(bootstrap, "JoinToken"):  # one token per purpose
+        text = bootstrap.render_kubeadm_init_config(cluster, layout(cluster), [bootstrap.JoinToken(token, "test")])
+    else:
+        text = bootstrap.render_kubeadm_init_config(cluster, layout(cluster), token)
+    return {d["kind"]: d for d in YAML(typ="safe", pure=True).load_all(text) if d}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_kubelets_get_serving_certificates_the_api_server_verifies(name):
+    docs = kubeadm_init_documents(FLEET.clusters[name])
+    # Every node gets this KubeletConfiguration (kubeadm's kubelet-config ConfigMap).
+    assert docs["KubeletConfiguration"]["serverTLSBootstrap"] is True
+    extra = docs["ClusterConfiguration"]["apiServer"]["extraArgs"]
+    flags = {a["name"]: a["value"] for a in extra} if isinstance(extra, list) else extra  # v1beta4 / v1beta3
+    assert flags["kubelet-certificate-authority"] == "/etc/kubernetes/pki/ca.crt"
+
+
+def approver(cluster: Cluster) -> tuple[dict, dict[str, str]]:
+    deployment = objects_of(cluster)["Deployment/kube-system/kubelet-csr-approver"]
+    spec = deployment["spec"]["template"]["spec"]
+    args = dict(a.removeprefix("--").split("=", 1) for a in spec["containers"][0]["args"])
+    return spec, args
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_csr_approver_may_approve_only_kubelet_serving_certificates(name):
+    cluster = FLEET.clusters[name]
+    rules = cluster_roles(cluster)["corral:kubelet-csr-approver"]
+    assert rules == [
+        {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests/approval"], "verbs": ["update"]},
+        {"apiGroups": ["certificates.k8s.io"], "resources": ["signers"], "resourceNames": ["kubernetes.io/kubelet-serving"],
+         "verbs": ["approve"]},
+    ]
+    spec, _ = approver(cluster)
+    assert baseline_violations(spec) == []
+    container = spec["containers"][0]
+    # It would pass `restricted`, though kube-system does not ask for it.
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                            "capabilities": {"drop": ["ALL"]}}
+    assert ":" in container["image"].rsplit("/", 1)[-1]
+
+
+def node_names(cluster: Cluster) -> list[str]:
+    """Names nodes of `cluster` register with, one or more per kind of node."""
+    names = [server.name for server in layout(cluster).api_servers]
+    for pool in cluster.onprem_pools:
+        names += pool.host_names + [h.split(".")[0] for h in pool.host_names]
+    for pool in cluster.cloud_pools:
+        if pool.provider == "azure":
+            names.append(f"{cluster.name}-{pool.name}-00003f")
+        elif pool.provider == "gcp":
+            names += [f"{policy.gcp_zonal_group_name(cluster, pool, z)}-x7k2" for z in pool.zones]
+        else:
+            names += ["ip-10-201-8-4", f"ip-10-201-8-4.{cluster.control_plane.region}.compute.internal"]
+    return names
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_csr_approver_accepts_this_clusters_node_names_only(name):
+    cluster = FLEET.clusters[name]
+    _, args = approver(cluster)
+    regex = re.compile(args["provider-regex"])  # RE2 syntax, the subset Python shares
+    for node in node_names(cluster):
+        assert regex.match(node), node
+    others = [n for other in NAMES if other != name for n in node_names(FLEET.clusters[other])]
+    strangers = [
+        "kubernetes", "kubernetes.default.svc", "localhost",
+        f"{layout(cluster).api_servers[0].name}.attacker.example", f"x{layout(cluster).api_servers[0].name}",
+        f"{cluster.name}-apiserver-99x", f"{cluster.name}-etcd-0", "gpu-001.attacker.internal", "ip-10-0-0-1.attacker.example",
+    ]
+    for stranger in strangers + [n for n in others if not n.startswith("ip-")]:
+        assert not regex.match(stranger), stranger
+    assert args["bypass-dns-resolution"] == "true" and args["allowed-dns-names"] == "1"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_csr_approver_signs_node_addresses_only_never_the_api_vip_or_etcd(name):
+    cluster = FLEET.clusters[name]
+    _, args = approver(cluster)
+    prefixes = [ipaddress.ip_network(p) for p in args["provider-ip-prefixes"].split(",")]
+
+    def allowed(ip: str) -> bool:
+        return any(ipaddress.ip_address(ip) in p for p in prefixes)
+
+    lay = layout(cluster)
+    for server in lay.api_servers:
+        assert allowed(server.ip), server.name
+    if cluster.cloud_pools:
+        for zone in lay.zones:
+            assert allowed(str(next(ipaddress.ip_network(zone.node_subnet).hosts()))), zone.zone
+    for site in cluster.sites:
+        if any(p.site == site.name for p in cluster.onprem_pools):
+            assert allowed(str(next(ipaddress.ip_network(str(site.cidrs[0])).hosts()))), site.name
+    for member in lay.etcd_members + lay.events_members:
+        assert not allowed(member.ip), member.name
+    assert not allowed(lay.api_vip)
+    assert not allowed("8.8.8.8") and not allowed(str(ipaddress.ip_network(cluster.kubernetes.service_cidr)[1]))
