@@ -400,7 +400,7 @@ def test_etcd_volumes_io2(heron: Plan):
     assert [m.zone for m in members] == ["us-west-2a", "us-west-2b", "us-west-2c"]
     assert len(heron.of("aws:ebs/volume:Volume")) == 3
     _volume_checks(heron, members)
-    assert heron.one("aws:ebs/volume:Volume", "heron-etcd-0-data").inputs["iops"] == 16000
+    assert heron.one("aws:ebs/volume:Volume", "heron-etcd-0-data").inputs["iops"] == 12000
 
 
 @pytest.mark.parametrize("change", [gp3_disk, io1_disk], ids=["gp3", "io1"])

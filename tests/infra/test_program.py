@@ -221,7 +221,7 @@ def test_corral_plan_table_groups_by_component():
     for heading in ("heron-pki (", "heron-etcd (", "heron-network (", "heron-apiservers (", "heron-nodepools ("):
         assert heading in result.stdout
     volume_rows = [line for line in result.stdout.splitlines() if "heron-etcd-0-data" in line and "Volume" in line]
-    assert volume_rows and "protect+retain" in volume_rows[0] and "iops=16000" in volume_rows[0]
+    assert volume_rows and "protect+retain" in volume_rows[0] and "iops=12000" in volume_rows[0]
     assert "bootstrapToken: [secret]" in result.stdout
 
 
