@@ -49,11 +49,12 @@ class DiskType:
 
 # Compute Engine docs, "Machine series support" of each disk type: Hyperdisk
 # Balanced only on the newer (Titanium) series, not N1, N2, N2D, E2, T2D, A2
-# or G2; Hyperdisk Extreme on large shapes; pd-extreme on N2 (64+ vCPUs) and M.
+# or G2; Hyperdisk Extreme and pd-extreme on large shapes of their series only
+# (the vCPU/GPU floors are ATTACH_FLOORS below).
 HYPERDISK_BALANCED_SERIES = frozenset(
     {"a3", "a4", "a4x", "c3", "c3d", "c4", "c4a", "c4d", "g4", "h3", "h4d", "m1", "m3", "m4", "n4", "n4a", "n4d", "x4", "z3"}
 )
-HYPERDISK_EXTREME_SERIES = frozenset({"a3", "c3", "c3d", "c4", "c4a", "c4d", "m1", "m2", "m3", "m4", "n2", "x4", "z3"})
+HYPERDISK_EXTREME_SERIES = frozenset({"a3", "c3", "c3d", "c4", "c4a", "c4d", "g4", "m1", "m2", "m3", "m4", "n2", "x4", "z3"})
 PD_EXTREME_SERIES = frozenset({"m1", "m2", "m3", "n2"})
 
 
