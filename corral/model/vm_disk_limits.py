@@ -16,8 +16,9 @@ them, not every shape each cloud sells.
 Sources (read 2026-11; refresh from the same pages):
 
 - Azure, "Remote storage" tab of each size series page, columns "Uncached
-  Disk IOPS / Speed (MBps)" and "... Burst" (MBps = 10^6 bytes/s). Premium
-  SSD v2 and Ultra Disk ("special" storage) get the same caps on these series.
+  Disk IOPS / Speed (MBps)" and "... Burst" (MBps = 10^6 bytes/s). The
+  "special storage" columns (Premium SSD v2, Ultra Disk) are empty for these
+  sizes, so the same caps apply to the disk types corral uses.
   https://learn.microsoft.com/azure/virtual-machines/sizes/memory-optimized/esv5-series
   https://learn.microsoft.com/azure/virtual-machines/sizes/memory-optimized/edsv5-series
   https://learn.microsoft.com/azure/virtual-machines/sizes/general-purpose/dsv5-series
@@ -25,7 +26,8 @@ Sources (read 2026-11; refresh from the same pages):
 - AWS, "Amazon EBS specifications" of the EC2 instance type guide: baseline
   and maximum bandwidth, throughput (MB/s, 128 KiB I/O) and IOPS (16 KiB
   I/O) of EBS-optimized instances. Sizes with two figures burst to the
-  maximum "for 30 minutes at least once every 24 hours".
+  maximum "for 30 minutes at least once every 24 hours". Figures read from
+  the guide's 2024 edition ("Amazon EC2: Instance Types").
   https://docs.aws.amazon.com/ec2/latest/instancetypes/gp.html#gp_storage-ebs
   https://docs.aws.amazon.com/ec2/latest/instancetypes/mo.html#mo_storage-ebs
   https://docs.aws.amazon.com/ec2/latest/instancetypes/co.html#co_storage-ebs
