@@ -121,3 +121,21 @@ def test_autoscaler_cloud_settings_become_its_configmap():
 def test_missing_cloud_settings_are_a_clear_error():
     with pytest.raises(Exception, match="needs cloud_settings ARM_SUBSCRIPTION_ID, ARM_RESOURCE_GROUP"):
         plan("jaguar", None)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="corral/infra/addons.py registers only addon.objects; the labels of the namespaces Kubernetes "
+           "creates (addon.patches) need a k8s.core.v1.NamespacePatch each (pulumi-kubernetes >= 4.29 no "
+           "longer upserts an existing Namespace)",
+)
+@pytest.mark.parametrize("name", ["jaguar"])
+def test_kubernetes_own_namespaces_are_patched_with_their_pod_security_labels(name):
+    registered = plan(name, CLOUD_SETTINGS[name])
+    cluster = load_fleet([EXAMPLES]).clusters[name]
+    patched = {r.inputs["metadata"]["name"]: r.inputs["metadata"].get("labels")
+               for r in registered if r.type == "kubernetes:core/v1:NamespacePatch"}
+    wanted = {o["metadata"]["name"]: o["metadata"]["labels"] for a in render(cluster) for o in a.patches}
+    assert wanted and patched == wanted
+    for group in (r for r in registered if r.type == "kubernetes:yaml/v2:ConfigGroup"):
+        assert not any(o["kind"] == "Namespace" and o["metadata"]["name"] in wanted for o in group.inputs["objs"])
