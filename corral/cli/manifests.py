@@ -22,7 +22,7 @@ def manifests(
         typer.Option("--validate", help="Check every object against the cluster's Kubernetes API schemas (offline)."),
     ] = False,
 ) -> None:
-    """The cluster's add-ons (flannel, NVIDIA device plugin, autoscaler, scheduling, teams, monitoring)."""
+    """The cluster's add-ons (flannel, pod security, teams, scheduling, GPU, autoscaler, CSR approver, monitoring)."""
     # Imported here so other commands never pay for jinja templates and schemas.
     from corral.manifests import ADDON_NAMES, ManifestError, all_objects, ordered, render, to_yaml
 

@@ -1,11 +1,13 @@
 """Cluster add-ons as Kubernetes manifests, rendered from the cluster model alone.
 
-flannel, the NVIDIA device plugin, cluster-autoscaler, the scheduler policy,
-team namespaces with their admission policy, and monitoring. `render(cluster)`
-gives the add-ons; `corral manifests` prints or writes them and
-`corral.infra.addons.Addons` applies them with pulumi-kubernetes. The
-decisions (selectors, tolerations, autoscaler bounds) live in `policy.py`,
-the image pins in `versions.py`.
+flannel, Pod Security labels and the pod placement admission policy, team
+namespaces, the scheduler policy, the NVIDIA device plugin,
+cluster-autoscaler, the kubelet serving-certificate approver, and
+monitoring. `render(cluster)` gives the add-ons; `corral manifests` prints
+or writes them and `corral.infra.addons.Addons` applies them with
+pulumi-kubernetes. The decisions (selectors, tolerations, Pod Security
+levels, what the approver signs) live in `policy.py`, the image pins in
+`versions.py`.
 """
 
 from .policy import ManifestError
