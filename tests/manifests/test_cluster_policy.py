@@ -404,7 +404,8 @@ def node_names(cluster: Cluster) -> list[str]:
         if pool.provider == "azure":
             names.append(f"{cluster.name}-{pool.name}-00003f")
         elif pool.provider == "gcp":
-            names += [f"{policy.gcp_zonal_group_name(cluster, pool, z)}-x7k2" for z in pool.zones]
+            zones = pool.zones or cluster.control_plane.zones
+            names += [f"{policy.gcp_zonal_group_name(cluster, pool, z)}-x7k2" for z in zones]
         else:
             names += ["ip-10-201-8-4", f"ip-10-201-8-4.{cluster.control_plane.region}.compute.internal"]
     return names
@@ -450,3 +451,17 @@ def test_the_csr_approver_signs_node_addresses_only_never_the_api_vip_or_etcd(na
         assert not allowed(member.ip), member.name
     assert not allowed(lay.api_vip)
     assert not allowed("8.8.8.8") and not allowed(str(ipaddress.ip_network(cluster.kubernetes.service_cidr)[1]))
+
+
+@pytest.mark.parametrize(("pattern", "matches", "refused"), [
+    ("r[1:2]-gpu[01:16].dc[1:3].internal",
+     ["r2-gpu07.dc3.internal", "r1-gpu16", "r2-gpu99.dc1.internal"],  # the regex knows widths, not bounds
+     ["r2-gpu7.dc3.internal", "r2-gpu07.dc3.internal.attacker.example", "r2-gpu07.dcx.internal", "r2-gpu07.", "gpu07"]),
+    ("cpu[1:20]", ["cpu1", "cpu20", "cpu007"], ["cpu", "cpu1.anything", "xcpu1"]),
+])
+def test_host_patterns_become_anchored_name_patterns(pattern, matches, refused):
+    regex = re.compile("^(" + policy._host_pattern_regex(pattern) + ")$")
+    for name in matches:
+        assert regex.match(name), name
+    for name in refused:
+        assert not regex.match(name), name
