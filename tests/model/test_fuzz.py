@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import io
+import re
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
@@ -94,3 +95,92 @@ def test_duplicated_or_garbled_lines_never_crash_the_loader(name, data):
     else:
         lines[index] = "   " + lines[index]
     _check("".join(lines))
+
+
+# --- hostile strings in every free-text field --------------------------------
+
+HOSTILE_PIECES = [
+    "\n", "\r\n", "\r", "\x00", "\x1b[2J", "\u2028", "\u202e", "\t", " ", "{{ lookup('pipe', 'id') }}", "{{", "}}",
+    "{%", "$(id)", "${HOME}", "`id`", "'", '"', "\\", ";", "&&", "|", ">", "<", "*", "?", "#", "%h", "../",
+    "/", "..", ":", "=", ",", "@", "é", "\u0660", "ＡＢ", "\U0001f600", "x" * 300,
+]
+HOSTILE = st.one_of(
+    st.sampled_from(HOSTILE_PIECES),
+    st.lists(st.sampled_from(HOSTILE_PIECES), min_size=1, max_size=4).map("".join),
+    st.text(max_size=40),
+)
+# What no accepted value may hold: line breaks and other control characters,
+# template markers, shell metacharacters, quotes.
+UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u200b-\u200f\u202a-\u202e\u2066-\u2069{}$`'\"\\;&|<>()*?!#\s]")
+# Prose for people (reaches no script): may hold spaces and punctuation, never
+# a line break, control character, template or expansion.
+PROSE_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u200b-\u200f\u202a-\u202e\u2066-\u2069{}$`\\]")
+PROSE_FIELDS = {("description",)}
+
+
+def _string_leaves(node, prefix=()):
+    """Paths to every string value (and, as (*path, KEY), every mapping key) in `node`."""
+    if isinstance(node, str):
+        yield prefix
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            if isinstance(key, str):
+                yield (*prefix, (KEY, key))
+            yield from _string_leaves(value, (*prefix, key))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _string_leaves(value, (*prefix, index))
+
+
+KEY = object()  # marks a path whose last step is a mapping key to rename
+
+
+def _accepted_strings(value, prefix=()):
+    if isinstance(value, str):
+        yield prefix, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield (*prefix, "<key>"), str(key)
+            yield from _accepted_strings(item, (*prefix, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _accepted_strings(item, (*prefix, index))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), name=st.sampled_from(["heron", "ibis", "jaguar"]),
+       how=st.sampled_from(["replace", "prefix", "suffix", "middle"]))
+def test_hostile_strings_in_free_text_are_refused_or_harmless(data, name, how):
+    tree = YAML(typ="safe").load(example(name))
+    path = data.draw(st.sampled_from(list(_string_leaves(tree))))
+    hostile = data.draw(HOSTILE)
+    parent = tree
+    for elem in path[:-1]:
+        parent = parent[elem]
+    last = path[-1]
+    original = last[1] if isinstance(last, tuple) else parent[last]
+    cut = len(original) // 2
+    value = {"replace": hostile, "prefix": hostile + original, "suffix": original + hostile,
+             "middle": original[:cut] + hostile + original[cut:]}[how]
+    if isinstance(last, tuple):  # rename a key, keeping its value and place
+        parent_items = list(parent.items())
+        parent.clear()
+        parent.update((value if k == last[1] else k, v) for k, v in parent_items)
+    else:
+        parent[last] = value
+    doc = Document(Path("fuzz.yaml"), _dump(tree))
+    try:
+        cluster = parse_document(doc)
+    except ValidationFailed as failed:
+        assert failed.problems
+        for problem in failed.problems:
+            line = str(problem)
+            assert problem.line >= 1 and problem.column >= 1 and problem.message
+            assert "\n" not in line and "\r" not in line and line.isprintable(), line
+        return
+    # Accepted: every string the rest of corral will see has a safe shape.
+    dumped = cluster.model_dump(mode="json", by_alias=True)
+    for where, text in _accepted_strings(dumped):
+        pattern = PROSE_UNSAFE if where in PROSE_FIELDS else UNSAFE
+        assert not pattern.search(text), f"accepted {text!r} at {where}"
+        assert len(text) <= 300, where
