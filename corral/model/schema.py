@@ -22,6 +22,7 @@ from pydantic import (
     ConfigDict,
     Field,
     WithJsonSchema,
+    field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
@@ -36,7 +37,15 @@ PROVIDERS: tuple[str, ...] = ("onprem", *CLOUDS)
 
 # Labels corral puts on every node; users' own labels go beside them.
 LABEL_DOMAIN = "corral.dev"
+# Far above any real cluster (Kubernetes is tested to 5,000 nodes; OpenAI ran
+# 7,500), low enough that expanding every host name stays cheap.
+MAX_ONPREM_HOSTS = 100_000
 TEAM_TAINT_KEY = f"{LABEL_DOMAIN}/team"
+# GPU health (docs/gpu-health.md): new GPU nodes register behind the preflight
+# taint; the health agent removes it when the node's checks pass, and puts the
+# unhealthy taint on nodes whose GPUs or links fail later.
+PREFLIGHT_TAINT_KEY = f"{LABEL_DOMAIN}/preflight"
+UNHEALTHY_TAINT_KEY = f"{LABEL_DOMAIN}/unhealthy"
 
 
 class Spec(BaseModel):
@@ -385,6 +394,61 @@ class Roce(Spec):
     ecn: bool = True
 
 
+# Xid classes (NVIDIA's Xid catalogue, docs.nvidia.com/deploy/xid-errors/
+# analyzing-xid-catalog.html, and dynamic page retirement, .../deploy/
+# dynamic-page-retirement): fatal ones mean the GPU or its links are gone or
+# its memory corrupt - running jobs are already lost, so pods are evicted
+# (NoExecute). Degraded ones need a GPU reset or reboot soon (a retired page
+# or remapped row pending, contained ECC errors, many single-bit errors): no
+# new work (NoSchedule). Others (13, 31, 43, 45: mostly application faults)
+# are counted, not acted on.
+DEFAULT_FATAL_XIDS = (48, 64, 74, 79, 95, 119, 120, 140)
+DEFAULT_DEGRADED_XIDS = (61, 62, 63, 92, 94)
+
+
+class Preflight(Spec):
+    # GPU pools' nodes register with corral.dev/preflight=pending:NoSchedule
+    # and run the node check (GPUs, ECC, fabric manager, burn, RoCE links).
+    enabled: bool = True
+    # `dcgmi diag -r 1` when DCGM is installed (about a minute); skipped with
+    # a note where it is not.
+    burn: bool = True
+    # Expected RDMA link rate of RoCE interfaces, Gb/s; unset: only ACTIVE and MTU are checked.
+    roce_link_gbps: int | None = Field(None, ge=1, le=3200, alias="roceLinkGbps")
+
+
+class XidPolicy(Spec):
+    fatal: list[int] = Field(default_factory=lambda: list(DEFAULT_FATAL_XIDS))
+    degraded: list[int] = Field(default_factory=lambda: list(DEFAULT_DEGRADED_XIDS))
+
+    @model_validator(mode="after")
+    def _disjoint(self) -> XidPolicy:
+        both = sorted(set(self.fatal) & set(self.degraded))
+        if both:
+            raise ValueError(f"Xid {', '.join(map(str, both))} listed as both fatal and degraded")
+        if any(not 0 < x < 1000 for x in self.fatal + self.degraded):
+            raise ValueError("Xid codes are numbers from 1 to 999")
+        return self
+
+
+class Remediation(Spec):
+    # What `corral nodes health --remediate` does to an unhealthy node:
+    # on-prem, reboot it and re-run the preflight (Ansible); cloud, delete
+    # the instance so its group replaces it. `none`: only report.
+    onprem: Literal["reboot", "none"] = "reboot"
+    cloud: Literal["replace", "none"] = "replace"
+    # Never more than this share of a pool's nodes out at once (at least one node).
+    max_unavailable_percent: int = Field(10, ge=1, le=100)
+
+
+class Health(Spec):
+    preflight: Preflight = Preflight()
+    xid: XidPolicy = XidPolicy()
+    # Fatal faults evict pods (NoExecute); false: NoSchedule for every fault.
+    evict_on_fatal: bool = True
+    remediation: Remediation = Remediation()
+
+
 class PoolBase(Spec):
     name: Name
     gpu: Gpu | None = None
@@ -435,6 +499,19 @@ class Cluster(Spec):
     network: Network = Network()
     scheduling: Scheduling = Scheduling()
     node_pools: list[NodePool] = []
+    health: Health = Health()
+
+    @field_validator("node_pools")
+    @classmethod
+    def _not_too_many_hosts(cls, pools: list) -> list:
+        # Counted, not expanded: the rules expand every pattern, and a file
+        # of many large patterns would otherwise take the validator's memory.
+        hosts = sum(pool.capacity for pool in pools if isinstance(pool, OnPremPool))
+        if hosts > MAX_ONPREM_HOSTS:
+            raise ValueError(
+                f"the on-prem pools name {hosts:,} hosts; a cluster may have at most {MAX_ONPREM_HOSTS:,}"
+            )
+        return pools
 
     @model_validator(mode="after")
     def _resolve_defaults(self) -> Cluster:
@@ -519,6 +596,9 @@ class Cluster(Spec):
             # Keep CPU-only pods off GPU machines; the device plugin and GPU
             # pods tolerate it.
             taints.append(Taint(key="nvidia.com/gpu", value="present", effect="NoSchedule"))
+            if self.health.preflight.enabled:
+                # Removed by the health agent once the node's GPU checks pass.
+                taints.append(Taint(key=PREFLIGHT_TAINT_KEY, value="pending", effect="NoSchedule"))
         seen, unique = set(), []
         for taint in taints:
             if (taint.key, taint.effect) not in seen:

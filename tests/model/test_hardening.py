@@ -194,3 +194,17 @@ def test_the_cli_survives_very_deep_files(tmp_path, depth):
     assert "Traceback" not in result.stdout + result.stderr
     assert f"heron.yaml:{example('heron').count(chr(10)) + 1}:" in result.stdout
     assert f"(file): YAML nested deeper than {MAX_DEPTH} levels" in result.stdout
+
+
+def test_host_patterns_are_counted_before_anything_expands_them(tmp_path):
+    pools = "".join(
+        f"  - {{name: big-{i}, provider: onprem, site: sf1, hosts: [\"h{i}-[000001:090000].sf1.internal\"]}}\n"
+        for i in range(40)
+    )
+    text = example("jaguar").replace("nodePools:\n", "nodePools:\n" + pools, 1)
+    import time
+    started = time.monotonic()
+    found = problems(tmp_path, {"jaguar.yaml": text})
+    assert time.monotonic() - started < 20
+    assert any(": nodePools: the on-prem pools name 3,600,072 hosts; a cluster may have at most 100,000" in f
+               for f in found), found
