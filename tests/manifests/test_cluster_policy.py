@@ -187,6 +187,7 @@ def test_every_cluster_has_the_placement_policy_bound_with_deny(name):
     # Without teams too (ibis): nodeName and the control plane are closed.
     assert not admit(cluster, "default", pod(node_name=layout(cluster).api_servers[0].name))[0]
     assert not admit(cluster, "default", pod({"key": CONTROL_PLANE, "operator": "Exists"}))[0]
+    assert not admit(cluster, "default", pod(team("robotics")))[0]
     assert admit(cluster, "default", pod())[0]
 
 
