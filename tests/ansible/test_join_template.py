@@ -141,3 +141,41 @@ def test_ansible_template_module_renders_identically(tmp_path):
         pytest.skip("ansible-core not installed")
     assert res.returncode == 0, res.stdout + res.stderr
     assert dest.read_text() == render(variables)
+
+
+def _unsafe(value):
+    """Every string as Ansible's JSON unsafe mark, as corral's inventory sends it."""
+    if isinstance(value, str):
+        return {"__ansible_unsafe": value}
+    if isinstance(value, dict):
+        return {k: _unsafe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unsafe(v) for v in value]
+    return value
+
+
+def test_unsafe_marked_values_render_identically_and_literally(tmp_path):
+    """The inventory marks every value unsafe: the template renders them the
+    same, and a template hidden in a value stays text under Ansible."""
+    marker = tmp_path / "evaluated"
+    labels = dict(VARS["node_labels"], odd=f"{{{{ lookup('pipe', 'touch {marker}') }}}}")
+    variables = dict(VARS, node_labels=labels)
+    vars_file = tmp_path / "vars.json"
+    vars_file.write_text(json.dumps(_unsafe(variables)))
+    dest = tmp_path / "ansible.yaml"
+    env = dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(ANSIBLE_DIR / "ansible.cfg"),
+        ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path / "facts"),
+    )
+    res = subprocess.run(
+        ["ansible", "localhost", "-c", "local", "-m", "ansible.builtin.template",
+         "-a", f"src={JOIN_TEMPLATE} dest={dest}", "-e", f"@{vars_file}"],
+        cwd=ANSIBLE_DIR, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    if res.returncode != 0 and "No module named" in res.stderr:
+        pytest.skip("ansible-core not installed")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert not marker.exists()
+    assert dest.read_text() == render(variables)
+    assert "{{ lookup(" in dest.read_text()
