@@ -573,19 +573,22 @@ def node_name_patterns(cluster: Cluster) -> list[str]:
 
     - API servers: their fixed names (corral/model/layout.py).
     - on-prem pools: their host patterns.
-    - Azure pools: the scale set's computer name prefix and 6 base-36 characters.
-    - GCP pools: the zonal MIG's base instance name and 4 characters.
+    - Azure pools: a scale set's name, '-' and 6 base-36 characters (its
+      computer name prefix and instance number).
+    - GCP pools: a zonal MIG's name (its base instance name), '-' and 4 characters.
     - AWS pools: the EC2 IP-based host name, short or with the region's domain.
     """
     patterns = [re_escape(server.name) for server in layout(cluster).api_servers]
     for pool in cluster.onprem_pools:
         patterns += [_host_pattern_regex(p) for p in pool.hosts]
+    groups = autoscaler_node_groups(cluster)
     for pool in cluster.cloud_pools:
+        # The pool's scale sets / MIGs, as the autoscaler and the cloud name them.
+        names = [re_escape(g.name) for g in groups if g.pool == pool.name]
         if pool.provider == "azure":
-            patterns.append(re_escape(node_group_name(cluster, pool)) + "-[0-9a-z]{6}")
+            patterns += [f"{name}-[0-9a-z]{{6}}" for name in names]
         elif pool.provider == "gcp":
-            for zone in pool.zones or cluster.control_plane.zones:
-                patterns.append(re_escape(gcp_zonal_group_name(cluster, pool, zone)) + "-[0-9a-z]{4}")
+            patterns += [f"{name}-[0-9a-z]{{4}}" for name in names]
         elif pool.provider == "aws":
             region = re_escape(cluster.control_plane.region)
             patterns.append(f"ip-{_octets()}(\\.({region}\\.compute|ec2)\\.internal)?")

@@ -401,12 +401,13 @@ def node_names(cluster: Cluster) -> list[str]:
     names = [server.name for server in layout(cluster).api_servers]
     for pool in cluster.onprem_pools:
         names += pool.host_names + [h.split(".")[0] for h in pool.host_names]
+    groups = policy.autoscaler_node_groups(cluster)
     for pool in cluster.cloud_pools:
-        if pool.provider == "azure":
-            names.append(f"{cluster.name}-{pool.name}-00003f")
-        elif pool.provider == "gcp":
-            zones = pool.zones or cluster.control_plane.zones
-            names += [f"{policy.gcp_zonal_group_name(cluster, pool, z)}-x7k2" for z in zones]
+        mine = [g.name for g in groups if g.pool == pool.name]
+        if pool.provider == "azure":  # scale set computer names
+            names += [f"{group}-00003f" for group in mine]
+        elif pool.provider == "gcp":  # MIG instance names
+            names += [f"{group}-x7k2" for group in mine]
         else:
             names += ["ip-10-201-8-4", f"ip-10-201-8-4.{cluster.control_plane.region}.compute.internal"]
     return names
