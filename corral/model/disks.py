@@ -67,9 +67,9 @@ def machine_series(machine_type: str) -> str:
 # (c3-highmem-8, c3-standard-88-lssd), custom types `SERIES-custom-VCPUS-MEMMB[-ext]`
 # (n2-custom-8-65536) or `custom-VCPUS-MEMMB` (N1), and accelerator shapes
 # named by their GPU count (a2-highgpu-8g, a3-megagpu-8g).
-_GCE_PREDEFINED = re.compile(r"^[a-z][a-z0-9]*-[a-z]+-(?P<vcpus>\d+)(?:-[a-z]+)*$")
-_GCE_CUSTOM = re.compile(r"^(?:[a-z][a-z0-9]*-)?custom-(?P<vcpus>\d+)-\d+(?:-ext)?$")
-_GCE_GPUS = re.compile(r"^[a-z][a-z0-9]*-[a-z]+-(?P<gpus>\d+)g$")
+_GCE_PREDEFINED = re.compile(r"[a-z][a-z0-9]*-[a-z]+-(?P<vcpus>\d+)(?:-[a-z]+)*\Z")
+_GCE_CUSTOM = re.compile(r"(?:[a-z][a-z0-9]*-)?custom-(?P<vcpus>\d+)-\d+(?:-ext)?\Z")
+_GCE_GPUS = re.compile(r"[a-z][a-z0-9]*-[a-z]+-(?P<gpus>\d+)g\Z")
 
 
 def gce_vcpus(machine_type: str) -> int | None:
