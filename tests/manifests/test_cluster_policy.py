@@ -164,6 +164,13 @@ def test_placement_policy_admits_what_must_run(why, namespace, spec, operation):
     assert allowed, (why, messages)
 
 
+def test_tolerations_added_by_an_update_are_checked_too():
+    # Kubernetes lets an UPDATE add tolerations to a running pod.
+    for toleration in ({"key": CONTROL_PLANE, "operator": "Exists"}, {"operator": "Exists"}, team("vision")):
+        allowed, _ = admit(JAGUAR, "robotics", pod(team("robotics"), toleration, node_name=ROBOTICS_NODE), "UPDATE")
+        assert not allowed, toleration
+
+
 def test_denials_say_what_to_do_instead():
     _, messages = admit(JAGUAR, "default", pod(node_name=API_SERVER))
     assert messages == [
