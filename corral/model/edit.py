@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
 from ruamel.yaml import YAML
 from ruamel.yaml.events import (
     AliasEvent,
@@ -45,9 +46,9 @@ from ruamel.yaml.events import (
 )
 
 from . import rules
-from .document import Document, Problem, ValidationFailed, limit_error
+from .document import Document, Problem, ValidationFailed, limit_error, one_line
 from .loader import CLUSTER_SUFFIX, parse_document
-from .schema import CLOUDS, CloudPool, Cluster, Gpu, OnPremPool, Roce
+from .schema import CLOUDS, CloudPool, Cluster, Gpu, Name, OnPremPool, PrivateCidr, Region, Roce, Zone
 
 POOLS_KEY = "nodePools"
 # Where keys go when no sibling pool shows an order: the order of the README's
@@ -845,12 +846,14 @@ def validate_edit(path: Path, new_text: str, display: str | None = None) -> Clus
 # --- New clusters ---------------------------------------------------------------
 
 # Sizes a new cluster starts with; machine types that exist in every region
-# that offers zones. Operators change them in the file.
+# that offers zones. Operators change them in the file. Disks stay within what
+# the machine sustains (vm_disk_limits: an r7i.xlarge sustains 6,000 IOPS and
+# 156.25 MB/s across its EBS volumes).
 SCAFFOLD_DEFAULTS = {
     "azure": {"zones": ["1", "2", "3"], "api": "Standard_D8s_v5", "etcd": "Standard_E8s_v5",
               "disk": "PremiumV2_LRS", "iops": 5000, "throughput": 200, "mtu": 1450},
     "aws": {"zones": ["{region}a", "{region}b", "{region}c"], "api": "m7i.2xlarge", "etcd": "r7i.xlarge",
-            "disk": "gp3", "iops": 6000, "throughput": 250, "mtu": 8951},
+            "disk": "gp3", "iops": 6000, "throughput": 150, "mtu": 8951},
     "gcp": {"zones": ["{region}-a", "{region}-b", "{region}-c"], "api": "n2-standard-8", "etcd": "c3-highmem-4",
             "disk": "hyperdisk-balanced", "iops": 6000, "throughput": 250, "mtu": 1410},
 }
@@ -886,6 +889,15 @@ def fleet_networks(fleet: dict[str, Cluster]) -> list[tuple[str, str, ipaddress.
     return found
 
 
+def _shape(value: str, kind: Any, what: str) -> None:
+    """EditError unless `value` has the shape of the model type `kind`."""
+    try:
+        TypeAdapter(kind).validate_python(value)
+    except ValidationError as error:
+        message = error.errors(include_url=False)[0]["msg"].removeprefix("Value error, ")
+        raise EditError(f"{what}: {one_line(message)}") from None
+
+
 def new_cluster_text(
     name: str,
     cloud: str,
@@ -898,6 +910,14 @@ def new_cluster_text(
     """A new cluster file: valid as it stands, commented for the operator who fills it in."""
     if cloud not in CLOUDS:
         raise EditError(f"cloud must be one of {', '.join(CLOUDS)}")
+    # Checked before they go into the text: a value with a line break would
+    # otherwise write lines of its own into the new file.
+    _shape(name, Name, "the name")
+    _shape(region, Region, "--region")
+    for zone in zones or []:
+        _shape(zone, Zone, "--zones")
+    if network_cidr:
+        _shape(network_cidr, PrivateCidr, "--network-cidr")
     defaults = SCAFFOLD_DEFAULTS[cloud]
     zones = zones or [z.format(region=region) for z in defaults["zones"]]
     taken = [net for _, _, net in fleet_networks(fleet) if net.version == 4]

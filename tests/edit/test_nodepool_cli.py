@@ -247,3 +247,19 @@ def test_too_deep_a_file_is_refused_by_edits_before_parsing(fleet_dir):
     assert result.returncode == 1, (result.returncode, result.stderr[-2000:])
     assert "nested deeper than" in flat(result.stderr) and "Traceback" not in result.stderr
     assert snapshot(path) == before
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("--region", "us-west-2\ndescription: x", "--region: 'us-west-2\\ndescription: x' must be a region name"),
+    ("--zones", "us-west-2a\n#", "--zones: 'us-west-2a\\n#' must be a zone name"),
+    ("--network-cidr", "not-a-network", "--network-cidr: 'not-a-network' is not a network in CIDR form"),
+    ("--network-cidr", "52.0.0.0/20", "--network-cidr: 52.0.0.0/20 is not a private network"),
+])
+def test_cluster_new_checks_its_options_before_writing_text(fleet_dir, tmp_path, option, value, message):
+    args = {"--region": "us-west-2", option: value}
+    result = run("cluster", "new", "kite", "--cloud", "aws", *[x for kv in args.items() for x in kv],
+                 "--stacks", str(tmp_path / "stacks"), clusters=fleet_dir)
+    assert result.exit_code == 1, result.output
+    assert message in flat(result.output)
+    assert "Traceback" not in result.output and result.exception is None or isinstance(result.exception, SystemExit)
+    assert not (fleet_dir / "kite.yaml").exists()
