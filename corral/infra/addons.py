@@ -155,6 +155,16 @@ class Addons(pulumi.ComponentResource):
                 objs=[dict(obj) for obj in addon.objects],
                 opts=pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(transforms=[_retain])),
             )
+            # Namespaces Kubernetes itself creates (default, kube-system, ...)
+            # cannot be created again (pulumi-kubernetes >= 4.29 does not
+            # upsert): their labels (Pod Security) are server-side patches.
+            for obj in addon.patches:
+                namespace = obj["metadata"]["name"]
+                k8s.core.v1.NamespacePatch(
+                    f"{name}-{addon.name}-{namespace}",
+                    metadata=obj["metadata"],
+                    opts=on_cluster,
+                )
 
         self.cloud_settings = None
         if "cluster-autoscaler" in self.groups:

@@ -123,12 +123,6 @@ def test_missing_cloud_settings_are_a_clear_error():
         plan("jaguar", None)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="corral/infra/addons.py registers only addon.objects; the labels of the namespaces Kubernetes "
-           "creates (addon.patches) need a k8s.core.v1.NamespacePatch each (pulumi-kubernetes >= 4.29 no "
-           "longer upserts an existing Namespace)",
-)
 @pytest.mark.parametrize("name", ["jaguar"])
 def test_kubernetes_own_namespaces_are_patched_with_their_pod_security_labels(name):
     registered = plan(name, CLOUD_SETTINGS[name])
