@@ -89,6 +89,11 @@ class PlanMocks(pulumi_mocks.Mocks):
     def new_resource(self, args: pulumi_mocks.MockResourceArgs) -> tuple[str, dict]:
         state = dict(args.inputs)
         state.setdefault("name", args.name)
+        identity = state.get("identity")
+        if isinstance(identity, dict) and isinstance(identity.get("userAssignedIdentities"), list):
+            # Azure takes user-assigned identities as a list of ids and reports
+            # a map keyed by id: the SDK cannot read the list back as outputs.
+            state["identity"] = {**identity, "userAssignedIdentities": {i: {} for i in identity["userAssignedIdentities"]}}
         return f"{args.name}-id", state
 
     def call(self, args: pulumi_mocks.MockCallArgs) -> tuple[dict, list | None]:

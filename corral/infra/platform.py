@@ -24,10 +24,13 @@ classes, with these constructor signatures and attributes:
         health check. `user_data[i]` is server i's cloud-init.
 
     NodePools(name, ctx, network, user_data, opts=None)
-        One autoscaled group per cloud pool (AWS launch template + ASG,
-        Azure VMSS + autoscale setting, GCP instance template + regional MIG
-        + autoscaler), named `node_group_name(cluster, pool)`, with min/max
-        from the pool, cluster-autoscaler discovery tags, and
+        Autoscaled groups per cloud pool: AWS one launch template + ASG
+        over the pool's zones, named `node_group_name(cluster, pool)`; Azure
+        one VMSS + autoscale setting per pool zone, on that zone's node
+        subnet and NAT gateway; GCP one instance template + zonal MIG per
+        pool zone, named as `corral.manifests.policy.autoscaler_node_groups`
+        lists them, with the pool's min/max split over its zones;
+        cluster-autoscaler discovery tags, and
         `user_data[pool.name]` (its cloud-init: the shared JoinConfiguration
         with the pool's labels and taints). Attribute `cloud_settings`: what
         the cluster-autoscaler must be told about the cloud (Azure:

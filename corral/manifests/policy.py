@@ -358,6 +358,13 @@ def gcp_zonal_group_name(cluster: Cluster, pool: CloudPool, zone: str) -> str:
     return f"{node_group_name(cluster, pool)}-{zone.rsplit('-', 1)[-1]}"
 
 
+def azure_zonal_group_name(cluster: Cluster, pool: CloudPool, zone: str) -> str:
+    """An Azure pool's scale set in one zone (each zone's node subnet and NAT
+    gateway take their own scale set): `node_group_name` plus the zone
+    (`jaguar-cpu-d64-2`), as corral/infra/azure/nodepools.py names them."""
+    return f"{node_group_name(cluster, pool)}-{zone}"
+
+
 def _split(total: int, parts: int) -> list[int]:
     """`total` in `parts` near-equal shares, larger ones first; they sum to `total`."""
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
@@ -366,17 +373,19 @@ def _split(total: int, parts: int) -> list[int]:
 def autoscaler_node_groups(cluster: Cluster) -> list[NodeGroup]:
     """Exactly the groups of the cluster's cloud pools, with their bounds.
 
-    AWS and Azure: one group per pool (`node_group_name`). GCP: one zonal MIG
+    AWS: one group per pool (`node_group_name`). GCP and Azure: one group
     per pool and zone, the pool's min/max split across its zones (they add up
-    to the pool's), because cluster-autoscaler's GCE provider accepts only
-    zonal MIG URLs.
+    to the pool's): cluster-autoscaler's GCE provider accepts only zonal MIG
+    URLs, and an Azure scale set's instances all sit on one subnet, so each
+    zone's node subnet (and NAT gateway) has its own scale set.
     """
     groups = []
+    zonal_name = {"gcp": gcp_zonal_group_name, "azure": azure_zonal_group_name}
     for pool in cluster.cloud_pools:
-        if pool.provider == "gcp":
+        if pool.provider in zonal_name:
             zones = pool.zones or cluster.control_plane.zones
             for zone, low, high in zip(zones, _split(pool.min_size, len(zones)), _split(pool.max_size, len(zones))):
-                groups.append(NodeGroup(pool.name, gcp_zonal_group_name(cluster, pool, zone), low, high, zone))
+                groups.append(NodeGroup(pool.name, zonal_name[pool.provider](cluster, pool, zone), low, high, zone))
         else:
             groups.append(NodeGroup(pool.name, node_group_name(cluster, pool), pool.min_size, pool.max_size))
     return groups
@@ -434,8 +443,8 @@ def autoscaler_args(cluster: Cluster) -> list[str]:
         for group in autoscaler_node_groups(cluster):
             target = GCP_MIG_URL.format(zone=group.zone, name=group.name) if cloud == "gcp" else group.name
             args.append(f"--nodes={group.min_size}:{group.max_size}:{target}")
-    if cloud == "gcp":
-        # Keep a pool's zonal MIGs the same size, as one pool.
+    if cloud in ("gcp", "azure"):
+        # Keep a pool's zonal groups (MIGs, scale sets) the same size, as one pool.
         args.append("--balance-similar-node-groups=true")
     args += [
         # least-waste: the group that leaves the least idle CPU/memory after

@@ -74,6 +74,12 @@ class _Mocks(pulumi.runtime.Mocks):
             state["privateKeyOpenssh"] = "-----BEGIN OPENSSH PRIVATE KEY-----mock"
         elif args.typ == "azure-native:compute:VirtualMachine" and "identity" in args.inputs:
             state["identity"] = {**args.inputs["identity"], "principalId": f"principal-{args.name}"}
+        elif args.typ == "azure-native:managedidentity:UserAssignedIdentity":
+            state["principalId"] = f"principal-{args.name}"
+        identity = state.get("identity")
+        if isinstance(identity, dict) and isinstance(identity.get("userAssignedIdentities"), list):
+            # ARM takes user-assigned identities as a list of ids and reports a map.
+            state["identity"] = {**identity, "userAssignedIdentities": {i: {} for i in identity["userAssignedIdentities"]}}
         for key in ("vmName", "virtualNetworkName", "subnetName", "loadBalancerName",
                     "vmScaleSetName", "diskName", "networkInterfaceName"):
             if key in args.inputs:

@@ -516,21 +516,22 @@ def _vmss_profile(vmss: Registration) -> dict:
     return profile.value if isinstance(profile, Secret) else profile
 
 
-def test_scale_set_per_cloud_pool_with_autoscaler_tags(jaguar: Plan):
+def test_scale_set_per_cloud_pool_and_zone_with_autoscaler_tags(jaguar: Plan):
     cluster = jaguar.ctx.cluster
     scale_sets = jaguar.of("compute:VirtualMachineScaleSet")
-    assert [s.name for s in scale_sets] == [node_group_name(cluster, p) for p in cluster.cloud_pools]
     (pool,) = cluster.cloud_pools
-    vmss = scale_sets[0]
-    assert vmss.inputs["vmScaleSetName"] == "jaguar-cpu-d64"
+    assert sorted(s.name for s in scale_sets) == [f"{node_group_name(cluster, pool)}-{z}" for z in ("1", "2", "3")]
+    vmss = jaguar.one("compute:VirtualMachineScaleSet", "jaguar-cpu-d64-1")
+    assert vmss.inputs["vmScaleSetName"] == "jaguar-cpu-d64-1"
     assert vmss.inputs["sku"] == {"name": "Standard_D64s_v5", "tier": "Standard", "capacity": pool.min_size}
-    assert vmss.inputs["zones"] == ["1", "2", "3"]
+    assert vmss.inputs["zones"] == ["1"]
     assert vmss.ignore_changes == ["sku.capacity"]
     tags = vmss.inputs["tags"]
     assert tags["cluster-autoscaler-enabled"] == "true" and tags["cluster-autoscaler-name"] == "jaguar"
     assert tags["k8s.io_cluster-autoscaler_enabled"] == "true"
     assert "k8s.io_cluster-autoscaler_jaguar" in tags
-    assert (tags["min"], tags["max"]) == ("0", "200")
+    assert (tags["min"], tags["max"]) == ("0", "67")  # zone 1's share of 0..200
+    assert tags["corral-zone"] == "1"
     assert tags["k8s.io_cluster-autoscaler_node-template_label_corral.dev_pool"] == "cpu-d64"
     assert jaguar.outputs["discovery"] == "label:cluster-autoscaler-enabled=true,cluster-autoscaler-name=jaguar"
     profile = _vmss_profile(vmss)
@@ -543,16 +544,22 @@ def test_scale_set_per_cloud_pool_with_autoscaler_tags(jaguar: Plan):
 
 
 def test_autoscale_setting_holds_bounds_without_rules(jaguar: Plan):
-    (setting,) = jaguar.of("monitor:AutoscaleSetting")
-    assert setting.inputs["targetResourceUri"] == "/mock/azure-native:compute:VirtualMachineScaleSet/jaguar-cpu-d64"
-    assert setting.inputs["enabled"] is True
-    (profile,) = setting.inputs["profiles"]
-    assert profile["capacity"] == {"minimum": "0", "maximum": "200", "default": "0"}
-    assert profile["rules"] == []
+    settings = jaguar.of("monitor:AutoscaleSetting")
+    assert sorted(s.name for s in settings) == [f"jaguar-cpu-d64-{z}-bounds" for z in ("1", "2", "3")]
+    maxima = []
+    for zone in ("1", "2", "3"):
+        setting = jaguar.one("monitor:AutoscaleSetting", f"jaguar-cpu-d64-{zone}-bounds")
+        assert setting.inputs["targetResourceUri"] == f"/mock/azure-native:compute:VirtualMachineScaleSet/jaguar-cpu-d64-{zone}"
+        assert setting.inputs["enabled"] is True
+        (profile,) = setting.inputs["profiles"]
+        assert profile["capacity"]["minimum"] == profile["capacity"]["default"] == "0"
+        assert profile["rules"] == []
+        maxima.append(int(profile["capacity"]["maximum"]))
+    assert maxima == [67, 67, 66]  # the pool's 200, split over its zones
 
 
 def test_spot_gpu_pool_in_one_zone_with_taints(varied: Plan):
-    vmss = varied.one("compute:VirtualMachineScaleSet", "jaguar-gpu-a100-spot")
+    vmss = varied.one("compute:VirtualMachineScaleSet", "jaguar-gpu-a100-spot-2")  # its one zone
     profile = _vmss_profile(vmss)
     assert profile["priority"] == "Spot" and profile["evictionPolicy"] == "Delete"
     assert profile["billingProfile"] == {"maxPrice": -1}
@@ -566,7 +573,7 @@ def test_spot_gpu_pool_in_one_zone_with_taints(varied: Plan):
     assert tags["k8s.io_cluster-autoscaler_node-template_label_nvidia.com_gpu.present"] == "true"
     assert tags["k8s.io_cluster-autoscaler_node-template_taint_example.com_spot"] == "true:NoSchedule"
     assert tags["k8s.io_cluster-autoscaler_node-template_taint_nvidia.com_gpu"] == "present:NoSchedule"
-    setting = varied.one("monitor:AutoscaleSetting", "jaguar-gpu-a100-spot-bounds")
+    setting = varied.one("monitor:AutoscaleSetting", "jaguar-gpu-a100-spot-2-bounds")
     assert setting.inputs["profiles"][0]["capacity"] == {"minimum": "1", "maximum": "16", "default": "1"}
 
 
@@ -586,8 +593,8 @@ def test_sizes_do_not_change_the_resource_count(jaguar: Plan):
     grown = plan_of("jaguar", net=big_network, grow=grow)
     assert grown.ctx.cluster.node_capacity > jaguar.ctx.cluster.node_capacity
     assert sorted(r.name for r in grown.records) == sorted(r.name for r in jaguar.records)
-    vmss = grown.one("compute:VirtualMachineScaleSet", "jaguar-cpu-d64")
-    assert vmss.inputs["tags"]["max"] == "900"
+    vmss = grown.one("compute:VirtualMachineScaleSet", "jaguar-cpu-d64-1")
+    assert vmss.inputs["tags"]["max"] == "300"  # a third of 900
 
 
 def test_pool_beyond_a_scale_set_is_capped_with_a_warning():
@@ -598,11 +605,12 @@ def test_pool_beyond_a_scale_set_is_capped_with_a_warning():
             if pool["provider"] == "azure":
                 pool["maxSize"] = 5000
 
-    plan = plan_of("jaguar", huge=huge)
-    vmss = plan.one("compute:VirtualMachineScaleSet", "jaguar-cpu-d64")
-    assert vmss.inputs["tags"]["max"] == str(nodepools.VMSS_MAX_INSTANCES)
-    setting = plan.one("monitor:AutoscaleSetting", "jaguar-cpu-d64-bounds")
-    assert setting.inputs["profiles"][0]["capacity"]["maximum"] == str(nodepools.VMSS_MAX_INSTANCES)
+    plan = plan_of("jaguar", huge=huge)  # 5,000 over three zones: 1,667 + 1,667 + 1,666
+    for zone in ("1", "2", "3"):
+        vmss = plan.one("compute:VirtualMachineScaleSet", f"jaguar-cpu-d64-{zone}")
+        assert vmss.inputs["tags"]["max"] == str(nodepools.VMSS_MAX_INSTANCES)
+        setting = plan.one("monitor:AutoscaleSetting", f"jaguar-cpu-d64-{zone}-bounds")
+        assert setting.inputs["profiles"][0]["capacity"]["maximum"] == str(nodepools.VMSS_MAX_INSTANCES)
 
 
 # --- Hybrid link ---------------------------------------------------------------
@@ -735,7 +743,8 @@ def test_program_plan_of_jaguar(jaguar_plan):
     assert len(by_type["azure-native:compute:Disk"]) == len(lay.etcd_members)
     assert all(d["protect"] and d["retainOnDelete"] for d in by_type["azure-native:compute:Disk"])
     assert len(by_type["azure-native:compute:VirtualMachine"]) == len(lay.etcd_members) + len(lay.api_servers)
-    assert [v["name"] for v in by_type["azure-native:compute:VirtualMachineScaleSet"]] == ["jaguar-cpu-d64"]
+    assert sorted(v["name"] for v in by_type["azure-native:compute:VirtualMachineScaleSet"]) == [
+        "jaguar-cpu-d64-1", "jaguar-cpu-d64-2", "jaguar-cpu-d64-3"]
     assert len(by_type["azure-native:network:VirtualNetworkGatewayConnection"]) == 1
     # The cloud-init holds private keys: never in the plan.
     for vm in by_type["azure-native:compute:VirtualMachine"]:

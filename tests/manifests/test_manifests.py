@@ -284,11 +284,20 @@ def autoscaler_args(cluster: Cluster) -> list[str]:
     return pod_spec(deployment)["containers"][0]["args"]
 
 
-def test_autoscaler_on_azure_sees_exactly_the_cloud_pools():
+def test_autoscaler_on_azure_sees_each_pools_zonal_scale_sets_with_the_pools_bounds():
     cluster = FLEET.clusters["jaguar"]
-    nodes = [a for a in autoscaler_args(cluster) if a.startswith("--nodes=")]
-    assert nodes == [f"--nodes={p.min_size}:{p.max_size}:{node_group_name(cluster, p)}" for p in cluster.cloud_pools]
+    nodes = [a.removeprefix("--nodes=") for a in autoscaler_args(cluster) if a.startswith("--nodes=")]
+    groups = policy.autoscaler_node_groups(cluster)
+    assert len(nodes) == len(groups) == sum(len(p.zones) for p in cluster.cloud_pools)
+    for pool in cluster.cloud_pools:
+        mine = [g for g in groups if g.pool == pool.name]
+        # One scale set per zone (each zone's node subnet and NAT gateway).
+        assert [(g.zone, g.name) for g in mine] == [(z, f"{node_group_name(cluster, pool)}-{z}") for z in pool.zones]
+        assert sum(g.max_size for g in mine) == pool.max_size
+        assert sum(g.min_size for g in mine) == pool.min_size
+    assert nodes == [f"{g.min_size}:{g.max_size}:{g.name}" for g in groups]
     assert "--cloud-provider=azure" in autoscaler_args(cluster)
+    assert "--balance-similar-node-groups=true" in autoscaler_args(cluster)
 
 
 def test_autoscaler_on_gcp_drives_each_pools_zonal_migs_with_the_pools_bounds():
@@ -412,7 +421,9 @@ def test_changing_a_pools_max_changes_only_the_autoscaler(tmp_path):
     before = FLEET.clusters["jaguar"]
     after = variant(tmp_path, "jaguar", ("maxSize: 200", "maxSize: 300"))
     assert changed(before, after) == {"Deployment/kube-system/cluster-autoscaler"}
-    assert "--nodes=0:300:jaguar-cpu-d64" in autoscaler_args(after)
+    # 300 over the pool's three zonal scale sets.
+    assert [a for a in autoscaler_args(after) if a.startswith("--nodes=")] == [
+        f"--nodes=0:100:jaguar-cpu-d64-{zone}" for zone in ("1", "2", "3")]
 
 
 def test_adding_a_gpu_pool_taint_changes_the_gpu_agents_and_team_whitelists(tmp_path):

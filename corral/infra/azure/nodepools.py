@@ -1,4 +1,4 @@
-"""Cloud node pools: one VM scale set per pool, sized by the cluster autoscaler."""
+"""Cloud node pools: one VM scale set per pool and zone, sized by the cluster autoscaler."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pulumi
 import pulumi_azure_native as azure
 
 from corral.infra.platform import ClusterContext
-from corral.model.layout import node_group_name
+from corral.manifests.policy import autoscaler_node_groups
 from corral.model.schema import CloudPool
 
 from .common import (
@@ -43,8 +43,8 @@ def autoscaler_discovery(cluster_name: str) -> str:
     return f"label:{CA_ENABLED_TAG}=true,{CA_NAME_TAG}={cluster_name}"
 
 
-def autoscaler_tags(ctx: ClusterContext, pool: CloudPool) -> dict[str, str]:
-    """Discovery, bounds and node-template tags of a pool's scale set."""
+def autoscaler_tags(ctx: ClusterContext, pool: CloudPool, min_size: int, max_size: int) -> dict[str, str]:
+    """Discovery, bounds (this scale set's share of the pool's) and node-template tags of a pool's scale set."""
     cluster = ctx.cluster
     result = {
         CA_ENABLED_TAG: "true",
@@ -54,8 +54,8 @@ def autoscaler_tags(ctx: ClusterContext, pool: CloudPool) -> dict[str, str]:
         # inventory scripts across clouds.
         "k8s.io_cluster-autoscaler_enabled": "true",
         f"k8s.io_cluster-autoscaler_{cluster.name}": "owned",
-        "min": str(pool.min_size),
-        "max": str(min(pool.max_size, VMSS_MAX_INSTANCES)),
+        "min": str(min_size),
+        "max": str(min(max_size, VMSS_MAX_INSTANCES)),
     }
     for key, value in cluster.node_labels(pool).items():
         result[CA_LABEL_TAG + key.replace("/", "_")] = value
@@ -65,18 +65,26 @@ def autoscaler_tags(ctx: ClusterContext, pool: CloudPool) -> dict[str, str]:
 
 
 class NodePools(pulumi.ComponentResource):
-    """Per cloud pool a Uniform VM scale set named `node_group_name(cluster, pool)`.
+    """Per cloud pool and pool zone a Uniform VM scale set, named
+    `azure_zonal_group_name(cluster, pool, zone)` (`jaguar-cpu-d64-2`).
 
     Uniform, not Flexible: cluster-autoscaler's Azure provider (vmType
     `vmss`) drives Uniform scale sets, including scale from zero; Flexible
     ones go through its separate, younger VMSS-Flex path.
 
-    The scale set spans the pool's zones; an Azure subnet is regional and a
-    scale set's NIC takes one subnet, so the whole pool sits on the node
-    subnet of its first zone (NAT egress of that zone). It starts at minSize
-    (`sku.capacity`, ignored afterwards so a plan never fights the
-    autoscaler). Spot pools use `priority: Spot`, eviction Delete, paying at
-    most the on-demand price.
+    One scale set per zone, not one spanning the zones: a scale set's network
+    profile names one subnet for every instance, whatever its zone, and each
+    zone's node subnet carries that zone's NAT gateway. A zone-spanning set
+    would put every node on one zone's subnet and egress (that zone's loss
+    cuts the whole pool off), and Azure has no per-zone subnet in a scale
+    set. Zonal sets also let the autoscaler grow the zone a pending pod
+    needs. The pool's min/max are split across its zones (the manifests'
+    `autoscaler_node_groups` is the one split; the autoscaler runs with
+    `--balance-similar-node-groups`, so the zones grow evenly).
+
+    Each set starts at its share of minSize (`sku.capacity`, ignored
+    afterwards so a plan never fights the autoscaler). Spot pools use
+    `priority: Spot`, eviction Delete, paying at most the on-demand price.
 
     cluster-autoscaler sizes each scale set. It finds it by name
     (`--nodes=min:max:<name>`, what corral.manifests configures) or by the
@@ -90,7 +98,8 @@ class NodePools(pulumi.ComponentResource):
     ASG's min/max) and never scales on metrics itself, so the cluster
     autoscaler alone decides. Rules here would fight it.
 
-    Attributes: scale_sets / autoscale_settings: pool name -> resource,
+    Attributes: scale_sets / autoscale_settings: scale set name -> resource,
+    pool_scale_sets: pool name -> {zone: scale set},
     autoscaler_discovery (the `--node-group-auto-discovery` value).
     """
 
@@ -108,34 +117,36 @@ class NodePools(pulumi.ComponentResource):
         self.autoscale_settings: dict[str, azure.monitor.AutoscaleSetting] = {}
         self.autoscaler_discovery = autoscaler_discovery(cluster.name)
 
-        for pool in cluster.cloud_pools:
+        self.pool_scale_sets: dict[str, dict[str, azure.compute.VirtualMachineScaleSet]] = {}
+        for group in autoscaler_node_groups(cluster):
+            pool = cluster.pool(group.pool)
             if pool.provider != "azure":
                 continue
-            group = node_group_name(cluster, pool)
-            if len(group) + 1 > MAX_COMPUTER_NAME_PREFIX:
+            zone, set_name = group.zone, group.name
+            if len(set_name) + 1 > MAX_COMPUTER_NAME_PREFIX:
                 raise ValueError(
-                    f"pool {pool.name}: scale set {group!r} is too long for Azure "
+                    f"pool {pool.name}: scale set {set_name!r} is too long for Azure "
                     f"(the node name prefix takes at most {MAX_COMPUTER_NAME_PREFIX} characters); "
                     "shorten the cluster or pool name"
                 )
-            zones = list(pool.zones or cluster.control_plane.zones)
-            subnet_id = pick(network.node_subnet_ids, zones[0], "node subnet")
-            max_size = min(pool.max_size, VMSS_MAX_INSTANCES)
-            if pool.max_size > VMSS_MAX_INSTANCES:
+            # The zone's node subnet: its NAT gateway is the zone's egress.
+            subnet_id = pick(network.node_subnet_ids, zone, "node subnet")
+            max_size = min(group.max_size, VMSS_MAX_INSTANCES)
+            if group.max_size > VMSS_MAX_INSTANCES:
                 pulumi.log.warn(
-                    f"pool {pool.name}: maxSize {pool.max_size:,} is above an Azure scale set's "
-                    f"{VMSS_MAX_INSTANCES:,} VMs; the scale set is capped at {VMSS_MAX_INSTANCES:,} "
+                    f"pool {pool.name}: zone {zone}'s share of maxSize, {group.max_size:,}, is above an Azure "
+                    f"scale set's {VMSS_MAX_INSTANCES:,} VMs; the scale set is capped at {VMSS_MAX_INSTANCES:,} "
                     "(split the pool to go further)"
                 )
             spot = pool.spot
             vmss = azure.compute.VirtualMachineScaleSet(
-                group,
-                vm_scale_set_name=group,
+                set_name,
+                vm_scale_set_name=set_name,
                 resource_group_name=network.resource_group_name,
                 location=location(ctx),
-                zones=zones,
+                zones=[zone],
                 orchestration_mode="Uniform",
-                sku=azure.compute.SkuArgs(name=pool.machine_type, tier="Standard", capacity=pool.min_size),
+                sku=azure.compute.SkuArgs(name=pool.machine_type, tier="Standard", capacity=group.min_size),
                 # The autoscaler adds exactly the VMs it asks for; no extra
                 # VMs that boot, join and vanish.
                 overprovision=False,
@@ -145,7 +156,7 @@ class NodePools(pulumi.ComponentResource):
                 upgrade_policy=azure.compute.UpgradePolicyArgs(mode="Manual"),
                 virtual_machine_profile=azure.compute.VirtualMachineScaleSetVMProfileArgs(
                     os_profile=azure.compute.VirtualMachineScaleSetOSProfileArgs(
-                        computer_name_prefix=f"{group}-",
+                        computer_name_prefix=f"{set_name}-",
                         admin_username=ADMIN_USERNAME,
                         custom_data=custom_data(pick(user_data, pool.name, "user data")),
                         linux_configuration=linux_configuration(network.admin_ssh_public_key),
@@ -187,18 +198,19 @@ class NodePools(pulumi.ComponentResource):
                     # -1: pay up to the on-demand price; evicted only for capacity.
                     billing_profile=azure.compute.BillingProfileArgs(max_price=-1) if spot else None,
                 ),
-                tags=tags(ctx, **{"corral-role": "node", "corral-pool": pool.name},
-                          **autoscaler_tags(ctx, pool)),
+                tags=tags(ctx, **{"corral-role": "node", "corral-pool": pool.name, "corral-zone": zone},
+                          **autoscaler_tags(ctx, pool, group.min_size, group.max_size)),
                 opts=pulumi.ResourceOptions(
                     parent=self,
                     ignore_changes=["sku.capacity"],
                     depends_on=network.egress,
                 ),
             )
+            bounds = ctx.resource_name(pool.name, zone, "bounds")
             setting = azure.monitor.AutoscaleSetting(
-                ctx.resource_name(pool.name, "bounds"),
-                autoscale_setting_name=ctx.resource_name(pool.name, "bounds"),
-                name=ctx.resource_name(pool.name, "bounds"),
+                bounds,
+                autoscale_setting_name=bounds,
+                name=bounds,
                 target_resource_location=location(ctx),
                 resource_group_name=network.resource_group_name,
                 location=location(ctx),
@@ -208,9 +220,9 @@ class NodePools(pulumi.ComponentResource):
                     azure.monitor.AutoscaleProfileArgs(
                         name="pool-bounds",
                         capacity=azure.monitor.ScaleCapacityArgs(
-                            minimum=str(pool.min_size),
+                            minimum=str(group.min_size),
                             maximum=str(max_size),
-                            default=str(pool.min_size),
+                            default=str(group.min_size),
                         ),
                         # No rules: bounds only; cluster-autoscaler decides.
                         rules=[],
@@ -219,8 +231,9 @@ class NodePools(pulumi.ComponentResource):
                 tags=tags(ctx),
                 opts=pulumi.ResourceOptions(parent=self),
             )
-            self.scale_sets[pool.name] = vmss
-            self.autoscale_settings[pool.name] = setting
+            self.scale_sets[set_name] = vmss
+            self.pool_scale_sets.setdefault(pool.name, {})[zone] = vmss
+            self.autoscale_settings[set_name] = setting
 
         # What the cluster-autoscaler needs to find the scale sets.
         self.cloud_settings = {
