@@ -21,6 +21,7 @@ from typing import Any
 
 from ruamel.yaml import YAML
 
+from corral.health.preflight import expectations as preflight_expectations
 from corral.model import Cluster, OnPremPool
 
 UNSAFE_JSON_KEY = "__ansible_unsafe"
@@ -117,6 +118,8 @@ def pool_vars(cluster: Cluster, pool: OnPremPool) -> dict[str, Any]:
         "corral_roce_ecn": roce.ecn if roce else False,
         "corral_node_labels": cluster.node_labels(pool),
         "corral_node_taints": [t.model_dump() for t in cluster.node_taints(pool)],
+        # The GPU preflight's expectations, the same the health agent gives cloud nodes.
+        "corral_gpu_preflight": preflight_expectations(cluster, pool),
     }
 
 

@@ -1,0 +1,1 @@
+"""GPU health: preflight before work, passive checks, taints and remediation (docs/gpu-health.md)."""

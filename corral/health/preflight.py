@@ -1,0 +1,55 @@
+"""The GPU preflight a pool's nodes run: expectations from the cluster file, rendered script.
+
+One template (corral/templates/health/gpu-preflight.py.j2) for cloud and
+on-prem nodes. The expectations come from here only: the Ansible inventory
+(`corral_gpu_preflight`) and the health agent's ConfigMap both call
+`expectations`, so both kinds of node check the same things.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jinja2
+
+from corral.model.schema import CloudPool, Cluster, OnPremPool
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates" / "health"
+TEMPLATE = "gpu-preflight.py.j2"
+# Written by the preflight on the node, read by the agent through a hostPath.
+VERDICT_DIR = "/var/lib/corral/health"
+VERDICT_PATH = f"{VERDICT_DIR}/preflight.json"
+
+_env = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+    undefined=jinja2.StrictUndefined,
+    keep_trailing_newline=True,
+    autoescape=False,
+)
+
+
+def expectations(cluster: Cluster, pool: OnPremPool | CloudPool) -> dict | None:
+    """What a node of `pool` must show to pass; None for pools without GPUs or with preflight off."""
+    if pool.gpu is None or not cluster.health.preflight.enabled:
+        return None
+    settings = cluster.health.preflight
+    roce = getattr(pool, "roce", None)
+    return {
+        "pool": pool.name,
+        "gpu_model": pool.gpu.model,
+        "gpu_count": pool.gpu.count,
+        "driver": pool.gpu.driver,
+        "fabric_manager": pool.gpu.fabric_manager,
+        "burn": settings.burn,
+        "roce": None if roce is None else {
+            "interfaces": list(roce.interfaces),
+            "mtu": roce.mtu,
+            "rate_gbps": settings.roce_link_gbps,
+        },
+        "verdict_path": VERDICT_PATH,
+    }
+
+
+def render(expected: dict) -> str:
+    """The node-local preflight script for these expectations."""
+    return _env.get_template(TEMPLATE).render(preflight=expected)
