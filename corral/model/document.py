@@ -9,6 +9,7 @@ scalar means (`yes` stays a string, `1.30` is a float).
 
 from __future__ import annotations
 
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -128,14 +129,19 @@ class Document:
 
     @classmethod
     def read(cls, path: Path, display: str | None = None) -> Document:
+        where = display or str(path)
         try:
-            size = path.stat().st_size
-            if size > MAX_FILE_BYTES:  # before reading it all into memory
+            if not stat.S_ISREG(path.stat().st_mode):  # a FIFO or /dev/zero would never end
+                raise ValidationFailed([Problem(where, 1, 1, (), "not a regular file")])
+            with path.open("rb") as handle:  # at most one byte past the limit, whatever stat said
+                data = handle.read(MAX_FILE_BYTES + 1)
+            if len(data) > MAX_FILE_BYTES:
                 raise ValidationFailed([Problem(
-                    display or str(path), 1, 1, (),
-                    f"file is {size:,} bytes; a cluster file may have at most {MAX_FILE_BYTES:,}",
+                    where, 1, 1, (), f"file is larger than {MAX_FILE_BYTES:,} bytes, the most a cluster file may have",
                 )])
-            text = path.read_text(encoding="utf-8")
+            text = data.decode("utf-8")
+            if "\r" in text:  # as read_text would: universal newlines
+                text = text.replace("\r\n", "\n").replace("\r", "\n")
         except UnicodeDecodeError as err:
             raise ValidationFailed(
                 [Problem(display or str(path), 1, 1, (), f"not UTF-8 text ({err.reason})")]
