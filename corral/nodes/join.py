@@ -77,11 +77,11 @@ def _pulumi_or_error() -> None:
         )
 
 
-def _stack_output(cluster: str, key: str) -> Any:
+def _stack_output(cluster: str, key: str, secret: bool = False) -> Any:
     """One stack output, read into memory (never printed, never a file)."""
     _pulumi_or_error()
     result = subprocess.run(
-        ["pulumi", "stack", "output", key, "--json", "--show-secrets", "-s", cluster],
+        ["pulumi", "stack", "output", key, "--json", *(["--show-secrets"] if secret else []), "-s", cluster],
         capture_output=True, text=True,
     )
     if result.returncode != 0:
@@ -214,7 +214,7 @@ class ClusterAccess:
         if os.environ.get("KUBECONFIG"):
             return cls()
         if from_stack:
-            text = _stack_output(cluster, CREDENTIAL_OUTPUT)
+            text = _stack_output(cluster, CREDENTIAL_OUTPUT, secret=True)
             if not isinstance(text, str) or not text.strip():
                 raise JoinError(f"stack {cluster}: stack output {CREDENTIAL_OUTPUT} is missing or empty")
             return cls(kubeconfig_text=text)

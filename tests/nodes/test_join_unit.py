@@ -365,12 +365,15 @@ def test_from_the_stack_the_admin_credential_lives_only_for_the_kubectl_call(joi
                                                                               tmp_path, monkeypatch):
     stack = tmp_path / "stack-outputs.json"
     admin = "apiVersion: v1\nkind: Config\n# kubernetes-admin of jaguar\n"
-    stack.write_text(json.dumps({**OUTPUTS, "adminKubeconfig": admin, "vpnSharedKeys": {"sf1": "psk"}}))
+    stack.write_text(json.dumps({**OUTPUTS, "adminKubeconfig": admin, "vpnSharedKeys": {"sf1": "psk"},
+                                 "__secret_keys__": ["adminKubeconfig", "vpnSharedKeys", "bootstrapToken"]}))
     monkeypatch.setenv("FAKE_PULUMI_OUTPUTS", str(stack))
     result, fake = join_cli(outputs_file=None)
     assert result.exit_code == 0, result.output
-    asked = [json.loads(line)[2] for line in Path(str(stack) + ".calls").read_text().splitlines()]
+    asked = {json.loads(line)[2]: json.loads(line) for line in Path(str(stack) + ".calls").read_text().splitlines()}
     assert sorted(asked) == ["adminKubeconfig", "apiEndpoint", "caCertHash"]  # never the VPN keys or the old token
+    # Secrets shown only where one is needed.
+    assert [key for key, argv in asked.items() if "--show-secrets" in argv] == ["adminKubeconfig"]
     calls = fake_kubectl.calls()
     assert len(calls) == 2 and all(c["kubeconfig_text"] == admin and c["kubeconfig_mode"] == 0o600 for c in calls)
     for call in calls:
@@ -378,3 +381,12 @@ def test_from_the_stack_the_admin_credential_lives_only_for_the_kubectl_call(joi
         assert not path.exists() and not path.parent.exists()
         assert str(join_cli.runs) not in str(path)
     assert _token_given_to_ansible(fake) != STALE_TOKEN
+
+
+def test_without_kubectl_the_error_says_so(join_cli, fake_kubectl, monkeypatch, tmp_path):
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    result, fake = join_cli("--kubeconfig", str(join_cli.kubeconfig))
+    assert result.exit_code == 1
+    assert "kubectl is not installed" in result.output and fake.calls == []
