@@ -213,3 +213,41 @@ def test_host_patterns_are_counted_before_anything_expands_them(tmp_path):
     assert time.monotonic() - started < 20
     assert any(": nodePools: the on-prem pools name 3,600,072 hosts; a cluster may have at most 100,000" in f
                for f in found), found
+
+
+# --- the JSON Schema carries the same shapes, in the form editors use -----------
+
+
+def _patterns(node):
+    if isinstance(node, dict):
+        if isinstance(node.get("pattern"), str):
+            yield node["pattern"]
+        for value in node.values():
+            yield from _patterns(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _patterns(value)
+
+
+def test_schema_patterns_are_ecma_anchored_and_hold_the_examples():
+    import json
+
+    import jsonschema
+
+    from corral.model.render import json_schema_text
+
+    from .helpers import EXAMPLES
+
+    schema = json.loads(json_schema_text())
+    patterns = list(_patterns(schema))
+    assert len(patterns) >= 12
+    # ECMA-262 (editors) knows no \Z; its `$` is the end of the text.
+    assert all(p.startswith("^") and p.endswith("$") and "\\Z" not in p for p in patterns), patterns
+    validator = jsonschema.Draft202012Validator(schema)
+    from ruamel.yaml import YAML
+
+    for name in ("heron", "ibis", "jaguar"):
+        data = YAML(typ="safe").load((EXAMPLES / f"{name}.yaml").read_text())
+        assert not list(validator.iter_errors(data)), name
+        data["controlPlane"]["region"] = "us west 2; id"
+        assert list(validator.iter_errors(data)), name
