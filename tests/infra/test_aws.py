@@ -24,7 +24,8 @@ import pytest
 from pulumi.runtime import settings
 from ruamel.yaml import YAML
 
-from corral.infra.aws import ApiServers, Etcd, HybridLink, Network, NodePools
+from corral.infra import bootstrap
+from corral.infra.aws import ApiServers, Etcd, HybridLink, Network, NodePools, SecretStore
 from corral.infra.aws.hybrid import check_psk
 from corral.infra.aws.nodepools import autoscaler_tags
 from corral.infra.plan import STACK_TYPE, RecordingMonitor, SecretValue
@@ -87,6 +88,8 @@ class Mocks(pulumi.runtime.Mocks):
             state["publicIp"] = "192.0.2.1"
         elif args.typ.startswith("aws:iam/"):
             state.setdefault("name", args.name)
+        elif args.typ == "aws:secretsmanager/secret:Secret":
+            state["arn"] = f"arn:aws:secretsmanager:us-west-2:123456789012:secret:{args.inputs['name']}-AbCdEf"
         elif args.typ.startswith("aws:lb/"):
             state["arn"] = f"arn:aws:elasticloadbalancing:::{args.name}"
             state["dnsName"] = f"{args.name}.elb.amazonaws.com"
@@ -168,13 +171,22 @@ def build(cluster: Cluster, config: dict[str, str] | None = None, shared_keys: d
     @pulumi.runtime.test
     def program():
         network = Network(ctx.resource_name("network"), ctx)
-        Etcd(ctx.resource_name("etcd"), ctx, network, lay.etcd_members,
-             [secret(user_data[m.name]) for m in lay.etcd_members])
+        etcd = Etcd(ctx.resource_name("etcd"), ctx, network, lay.etcd_members,
+                    [user_data[m.name] for m in lay.etcd_members])
+        events = None
         if lay.events_members:
-            Etcd(ctx.resource_name("etcd-events"), ctx, network, lay.events_members,
-                 [secret(user_data[m.name]) for m in lay.events_members])
-        api = ApiServers(ctx.resource_name("api"), ctx, network, [secret(user_data[m.name]) for m in lay.api_servers])
-        NodePools(ctx.resource_name("pools"), ctx, network, {p.name: secret(user_data[p.name]) for p in cluster.cloud_pools})
+            events = Etcd(ctx.resource_name("etcd-events"), ctx, network, lay.events_members,
+                          [user_data[m.name] for m in lay.events_members])
+        api = ApiServers(ctx.resource_name("api"), ctx, network, [user_data[m.name] for m in lay.api_servers])
+        pools = NodePools(ctx.resource_name("pools"), ctx, network, {p.name: user_data[p.name] for p in cluster.cloud_pools})
+        # The secret store as the program fills it: one secret per machine role, then the grants.
+        store = SecretStore(ctx.resource_name("secrets"), ctx)
+        keys = [bootstrap.etcd_secret_key(m.name) for m in (*lay.etcd_members, *lay.events_members)]
+        keys += [bootstrap.APISERVER_SECRET, *(bootstrap.pool_secret_key(p.name) for p in cluster.cloud_pools)]
+        for key in keys:
+            store.put(key, secret(f"value of {key}"))
+        bootstrap.grant_readers(store, etcd, events, api, pools)
+        pools.allow_resize(api.identities)
         keys = shared_keys if shared_keys is not None else {s.name: PSK for s in cluster.sites}
         link = HybridLink(ctx.resource_name("vpn"), ctx, network, {k: secret(v) for k, v in keys.items()})
         plan.resolved["network"] = network
@@ -233,7 +245,8 @@ def with_sites(data: dict) -> None:
 
 
 def gp3_disk(data: dict) -> None:
-    data["controlPlane"]["etcd"]["disk"] = {"type": "gp3", "sizeGiB": 200, "iops": 12000, "throughputMBps": 500}
+    # 300 MB/s: within what heron's r7i.2xlarge etcd members sustain (312.5 MB/s)
+    data["controlPlane"]["etcd"]["disk"] = {"type": "gp3", "sizeGiB": 200, "iops": 12000, "throughputMBps": 300}
 
 
 def io1_disk(data: dict) -> None:
@@ -255,7 +268,7 @@ def hybrid() -> Plan:
 
 def test_components_and_parents(heron: Plan):
     components = {r.type for r in heron.resources if not r.custom}
-    assert components == {f"corral:aws:{c}" for c in ("Network", "Etcd", "ApiServers", "NodePools", "HybridLink")}
+    assert components == {f"corral:aws:{c}" for c in ("Network", "Etcd", "ApiServers", "NodePools", "HybridLink", "SecretStore")}
     component_urns = {r.urn for r in heron.resources if not r.custom}
     for r in heron.resources:
         if r.custom:
@@ -384,7 +397,7 @@ def _volume_checks(plan: Plan, members) -> None:
         assert instance.inputs["metadataOptions"]["httpTokens"] == "required"
         assert instance.inputs["tags"]["corral-etcd-volume"] == volume.id
         assert base64.b64decode(instance.inputs["userDataBase64"]).decode() == plan.user_data[m.name]
-        assert "userDataBase64" in instance.secrets
+        assert "userDataBase64" not in instance.secrets  # references only: shown in plans
         assert "ami" in instance.ignore_changes and instance.delete_before_replace
         groups = [plan.by_id(g).name for g in instance.inputs["vpcSecurityGroupIds"]]
         assert groups == ["heron-etcd"]
@@ -408,7 +421,7 @@ def test_etcd_volume_types(change):
     plan = build(heron_with(change))
     _volume_checks(plan, plan.ctx.layout.etcd_members)
     throughputs = {v.inputs.get("throughput") for v in plan.of("aws:ebs/volume:Volume")}
-    assert throughputs == ({500} if change is gp3_disk else {None})
+    assert throughputs == ({300} if change is gp3_disk else {None})
 
 
 def test_dedicated_events_cluster_and_five_members():
@@ -483,13 +496,48 @@ def test_autoscaler_identity_on_api_servers_only(heron: Plan):
     assert all(a.split(":")[1].startswith(("Describe", "Get")) for a in statements["Discover"]["Action"])
     profile = heron.one("aws:iam/instanceProfile:InstanceProfile", "heron-apiserver")
     assert profile.inputs["role"] == "heron-apiserver"
+    # Every machine has its own role; only the API servers' may touch an ASG.
     api_names = {m.name for m in heron.ctx.layout.api_servers}
     for instance in heron.of("aws:ec2/instance:Instance"):
-        expected = "heron-apiserver" if instance.name in api_names else None
+        expected = "heron-apiserver" if instance.name in api_names else instance.name
         assert instance.inputs.get("iamInstanceProfile") == expected, instance.name
     for template in heron.of("aws:ec2/launchTemplate:LaunchTemplate"):
-        assert "iamInstanceProfile" not in template.inputs, template.name
+        assert template.inputs["iamInstanceProfile"] == {"name": template.name}, template.name
+    autoscaling = [p for p in heron.of("aws:iam/rolePolicy:RolePolicy") if "autoscaling:" in p.inputs["policy"]]
+    assert [p.name for p in autoscaling] == ["heron-cluster-autoscaler"]
 
+
+
+def test_one_secret_per_machine_role_read_only_by_that_role(heron: Plan):
+    """Secrets Manager: a secret per etcd member, the API servers and each pool;
+    each machine role's IAM role may GetSecretValue on its own secret's ARN only."""
+    lay = heron.ctx.layout
+    secrets = {s.inputs["name"]: s for s in heron.of("aws:secretsmanager/secret:Secret")}
+    expected_owner = {f"corral/heron/{bootstrap.etcd_secret_key(m.name)}": m.name for m in lay.etcd_members}
+    expected_owner["corral/heron/apiserver"] = "heron-apiserver"
+    expected_owner.update({f"corral/heron/pool-{p.name}": node_group_name(heron.cluster, p) for p in heron.cluster.cloud_pools})
+    assert set(secrets) == set(expected_owner)
+    assert all(s.inputs["recoveryWindowInDays"] == 0 for s in secrets.values())
+    versions = heron.of("aws:secretsmanager/secretVersion:SecretVersion")
+    assert len(versions) == len(secrets) and all("secretString" in v.secrets for v in versions)
+    arn = {name: f"arn:aws:secretsmanager:us-west-2:123456789012:secret:{name}-AbCdEf" for name in secrets}
+    readers: dict[str, list[str]] = {}
+    for policy in heron.of("aws:iam/rolePolicy:RolePolicy"):
+        document = json.loads(policy.inputs["policy"])
+        if not any("secretsmanager:" in str(st["Action"]) for st in document["Statement"]):
+            continue
+        # Exactly one statement: read one secret, by its full ARN, nothing else.
+        (statement,) = document["Statement"]
+        assert statement == {"Sid": "ReadOwnSecret", "Effect": "Allow",
+                             "Action": ["secretsmanager:GetSecretValue"], "Resource": statement["Resource"]}
+        role = heron.by_id(policy.inputs["role"])
+        readers.setdefault(statement["Resource"], []).append(role.name)
+    assert readers == {arn[name]: [owner] for name, owner in expected_owner.items()}
+    # No other policy mentions a secret, and the autoscaler's touches no EC2 write.
+    autoscaler = heron.one("aws:iam/rolePolicy:RolePolicy", "heron-cluster-autoscaler")
+    actions = [a for st in json.loads(autoscaler.inputs["policy"])["Statement"] for a in st["Action"]]
+    assert not [a for a in actions if a.startswith("ec2:") and not a.split(":")[1].startswith(("Describe", "Get"))]
+    assert not [a for a in actions if a.startswith("secretsmanager:")]
 
 # --- Node pools ------------------------------------------------------------------
 
@@ -527,7 +575,7 @@ def test_asg_per_pool_with_autoscaler_tags(heron: Plan):
         assert template.inputs["blockDeviceMappings"][0]["ebs"]["volumeSize"] == pool.disk_size_gib
         assert "instanceMarketOptions" not in template.inputs
         assert base64.b64decode(template.inputs["userData"]).decode() == heron.user_data[pool.name]
-        assert "userData" in template.secrets
+        assert "userData" not in template.secrets  # references only: shown in plans
 
     # The team-reserved pool: team taint and label, GPU taint, workload label.
     reserved = {t["key"]: t["value"] for t in heron.one("aws:autoscaling/group:Group", "heron-gpu-a10g-inference").inputs["tags"]}
@@ -730,6 +778,14 @@ def test_root_device_follows_the_image(heron: Plan):
 # --- In the real program (corral plan) ---------------------------------------------
 
 
+
+def user_data_text(encoded: str) -> str:
+    """EC2 user data as cloud-init reads it: base64, gzipped when large."""
+    import gzip
+
+    raw = base64.b64decode(encoded)
+    return (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode()
+
 @pytest.mark.parametrize("variant", [None, with_sites], ids=["heron", "heron-with-sites"])
 def test_in_the_plan_of_the_real_program(variant):
     """`corral plan`'s runner with the core's program (PKI, cloud-init) and this package."""
@@ -750,11 +806,14 @@ def test_in_the_plan_of_the_real_program(variant):
     for v in volumes:
         assert v["protect"] and v["retainOnDelete"]
         assert v["inputs"]["type"] == "io2" and "throughput" not in v["inputs"]
+    # User data holds references to the secret store, never a secret: plain in the plan.
     for instance in by_type["aws:ec2/instance:Instance"]:
-        assert instance["inputs"]["userDataBase64"] == SECRET
+        assert "corral-fetch-secrets" in user_data_text(instance["inputs"]["userDataBase64"])
         assert instance["parent"] in ("heron-etcd", "heron-apiservers")
     for template in by_type["aws:ec2/launchTemplate:LaunchTemplate"]:
-        assert template["inputs"]["userData"] == SECRET
+        assert "corral-fetch-secrets" in user_data_text(template["inputs"]["userData"])
+    for version in by_type["aws:secretsmanager/secretVersion:SecretVersion"]:
+        assert version["inputs"]["secretString"] == SECRET
     for rule in by_type["aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"]:
         assert rule["inputs"].get("cidrIpv4") != "0.0.0.0/0"
     assert len(by_type["aws:autoscaling/group:Group"]) == 3
