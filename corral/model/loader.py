@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from . import rules
 from .document import Document, PathElem, Problem, ValidationFailed
-from .schema import PROVIDERS, Cluster
+from .schema import PROVIDERS, Cluster, shown
 
 CLUSTER_SUFFIX = ".yaml"
 
@@ -88,7 +88,7 @@ def _message(error: dict) -> str:
         close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
         hint = f" (did you mean '{close[0]}'?)" if close else (
             f" (allowed: {', '.join(known)})" if known else "")
-        return f"unknown key '{key}'{hint}"
+        return f"unknown key {shown(key)}{hint}"
     if kind in ("union_tag_not_found", "union_tag_invalid"):
         return f"provider must be one of {', '.join(PROVIDERS)}"
     if kind == "string_type" and isinstance(error.get("input"), (int, float)):

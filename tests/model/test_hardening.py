@@ -251,3 +251,8 @@ def test_schema_patterns_are_ecma_anchored_and_hold_the_examples():
         assert not list(validator.iter_errors(data)), name
         data["controlPlane"]["region"] = "us west 2; id"
         assert list(validator.iter_errors(data)), name
+
+
+def test_a_huge_unknown_key_is_cut_in_the_report(tmp_path):
+    found = only(variant(tmp_path, "heron", "kind: Cluster\n", "kind: Cluster\n" + "k" * 1000 + ": 1\n"))
+    assert "unknown key 'kkkk" in found and "...'" in found and len(found) < 400
