@@ -50,6 +50,8 @@ class Problem:
     def field_path(self) -> str:
         out = ""
         for elem in self.path:
+            if isinstance(elem, str) and len(elem) > 60:  # a key from the file: keep the line short
+                elem = elem[:60] + "..."
             out += f"[{elem}]" if isinstance(elem, int) else (f".{elem}" if out else str(elem))
         return out or "(file)"
 
