@@ -14,7 +14,16 @@ import math
 from dataclasses import dataclass
 
 from corral.model.layout import layout, node_group_name
-from corral.model.schema import TEAM_TAINT_KEY, CloudPool, Cluster, OnPremPool, Taint, Team
+from corral.model.schema import (
+    PREFLIGHT_TAINT_KEY,
+    TEAM_TAINT_KEY,
+    UNHEALTHY_TAINT_KEY,
+    CloudPool,
+    Cluster,
+    OnPremPool,
+    Taint,
+    Team,
+)
 
 FLANNEL_NAMESPACE = "kube-flannel"
 MONITORING_NAMESPACE = "corral-monitoring"
@@ -451,6 +460,13 @@ def autoscaler_args(cluster: Cluster) -> list[str]:
         # the pending pods land: the cheapest fit for a bin-packed cluster, and
         # it works on every cloud (`price` is GCE-only and knows list prices).
         "--expander=least-waste",
+        # GPU nodes register behind the preflight taint until their checks
+        # pass (docs/gpu-health.md): a startup taint, which the autoscaler
+        # leaves out of node templates (pending GPU pods still scale a pool
+        # up); the unhealthy taint says a node's state, not its shape.
+        # Both flags since cluster-autoscaler 1.29.
+        f"--startup-taint={PREFLIGHT_TAINT_KEY}",
+        f"--status-taint={UNHEALTHY_TAINT_KEY}",
         "--scale-down-enabled=true",
         f"--scale-down-utilization-threshold={_number(SCALE_DOWN_UTILIZATION)}",
         f"--scale-down-gpu-utilization-threshold={_number(gpu_scale_down_threshold(cluster))}",

@@ -17,7 +17,7 @@ import jinja2
 from ruamel.yaml import YAML
 from ruamel.yaml.representer import SafeRepresenter
 
-from corral.model.schema import LABEL_DOMAIN, Cluster
+from corral.model.schema import LABEL_DOMAIN, PREFLIGHT_TAINT_KEY, UNHEALTHY_TAINT_KEY, Cluster
 
 from . import monitoring, policy, versions
 
@@ -300,9 +300,26 @@ def monitoring_stack(cluster: Cluster) -> list[dict]:
     )
 
 
+def gpu_health(cluster: Cluster) -> list[dict]:
+    from corral.health import addon
+
+    files = addon.config_files(cluster)
+    return _template(
+        "gpu-health",
+        agent=addon.NAME,
+        namespace=addon.NAMESPACE,
+        image=addon.IMAGE,
+        files=files,
+        config_hash=_hash(*(f"{k}\0{v}" for k, v in sorted(files.items()))),
+        gpu_node_selector=policy.gpu_node_selector(),
+        sa_user=f"system:serviceaccount:{addon.NAMESPACE}:{addon.NAME}",
+        agent_taints=[PREFLIGHT_TAINT_KEY, UNHEALTHY_TAINT_KEY],
+    )
+
+
 # Every add-on corral knows, in apply order, with when it applies.
 ADDON_NAMES = (
-    "flannel", "pod-security", "teams", "scheduling", "nvidia-device-plugin", "cluster-autoscaler",
+    "flannel", "pod-security", "teams", "scheduling", "nvidia-device-plugin", "gpu-health", "cluster-autoscaler",
     "kubelet-csr-approver", "monitoring",
 )
 
@@ -317,6 +334,7 @@ def render(cluster: Cluster) -> list[Addon]:
         ("teams", bool(sched.teams), teams),
         ("scheduling", sched.bin_packing or sched.coscheduling, scheduling),
         ("nvidia-device-plugin", bool(policy.gpu_pools(cluster)), nvidia_device_plugin),
+        ("gpu-health", bool(policy.gpu_pools(cluster)), gpu_health),
         ("cluster-autoscaler", bool(cluster.cloud_pools), cluster_autoscaler),
         ("kubelet-csr-approver", True, kubelet_csr_approver),
         ("monitoring", True, monitoring_stack),

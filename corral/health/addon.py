@@ -1,0 +1,70 @@
+"""The `gpu-health` add-on: the health agent's DaemonSet, its code, configuration and rights.
+
+The agent's code (agent.py, classify.py) and each cloud GPU pool's preflight
+script ship in a ConfigMap and run in a stock Python image: no image of
+corral's own to build, scan and mirror, and a reviewer of `corral manifests`
+sees exactly what runs on the nodes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from corral.model.schema import PREFLIGHT_TAINT_KEY, UNHEALTHY_TAINT_KEY, CloudPool, Cluster
+
+from . import preflight
+
+HERE = Path(__file__).resolve().parent
+NAMESPACE = "kube-system"
+NAME = "corral-gpu-health"
+# Debian-based: the same Python as the nodes' own preflight runs under.
+IMAGE = "docker.io/library/python:3.11.10-slim-bookworm"
+INTERVAL_SECONDS = 30
+
+
+def preflight_script_name(pool_name: str) -> str:
+    return f"preflight-{pool_name}.py"
+
+
+def agent_config(cluster: Cluster) -> dict:
+    """What the agent knows of the cluster: Xid classes, eviction policy, each GPU pool's hardware."""
+    health = cluster.health
+    pools = {}
+    for pool in cluster.node_pools:
+        if pool.gpu is None:
+            continue
+        cloud = isinstance(pool, CloudPool)
+        roce = getattr(pool, "roce", None)
+        pools[pool.name] = {
+            "gpu_count": pool.gpu.count,
+            "nvlink": pool.gpu.fabric_manager,
+            "roce_interfaces": list(roce.interfaces) if roce else [],
+            # Cloud nodes have no Ansible run: the agent runs their preflight.
+            "run_preflight": cloud and health.preflight.enabled,
+            "preflight_script": preflight_script_name(pool.name) if cloud and health.preflight.enabled else None,
+        }
+    return {
+        "fatal_xids": sorted(health.xid.fatal),
+        "degraded_xids": sorted(health.xid.degraded),
+        "evict_on_fatal": health.evict_on_fatal,
+        "verdict_path": preflight.VERDICT_PATH,
+        "interval_seconds": INTERVAL_SECONDS,
+        "taints": {"preflight": PREFLIGHT_TAINT_KEY, "unhealthy": UNHEALTHY_TAINT_KEY},
+        "pools": pools,
+    }
+
+
+def config_files(cluster: Cluster) -> dict[str, str]:
+    """The ConfigMap's files: the agent, its classifier, its configuration, cloud pools' preflights."""
+    config = agent_config(cluster)
+    files = {
+        "agent.py": (HERE / "agent.py").read_text(),
+        "classify.py": (HERE / "classify.py").read_text(),
+        "config.json": json.dumps(config, indent=2, sort_keys=True) + "\n",
+    }
+    for pool in cluster.node_pools:
+        script = config["pools"].get(pool.name, {}).get("preflight_script")
+        if script:
+            files[script] = preflight.render(preflight.expectations(cluster, pool))
+    return files

@@ -1,0 +1,199 @@
+"""Passive GPU health: kernel-log lines and nvidia-smi/rdma outputs -> faults -> taint.
+
+Standard library only: the health agent runs this file as it is, from its
+ConfigMap, in a stock Python image (docs/gpu-health.md). Everything here is
+a pure function of text, so tests feed it recorded outputs.
+
+A fault has a node condition (type), a reason and message for it, and a
+severity: `fatal` (the GPU, its memory or its links are gone: running jobs
+are already lost, pods are evicted when the cluster file says so) or
+`degraded` (needs a GPU reset or reboot soon, or a link is down: no new
+work). Xid classes come from the cluster file (`health.xid`), defaulting
+to NVIDIA's Xid catalogue (see corral.model.schema.DEFAULT_FATAL_XIDS).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+FATAL, DEGRADED = "fatal", "degraded"
+
+# Node conditions, True while the fault stands (node-problem-detector's
+# convention: a condition names a problem).
+XID_CONDITION = "GPUXidFault"
+MEMORY_CONDITION = "GPUMemoryFault"
+NVLINK_CONDITION = "GPUNVLinkFault"
+PCIE_CONDITION = "GPUPCIeFault"
+ROCE_CONDITION = "RoCELinkFault"
+GPU_MISSING_CONDITION = "GPUMissing"
+FAULT_CONDITIONS = (XID_CONDITION, MEMORY_CONDITION, NVLINK_CONDITION, PCIE_CONDITION, ROCE_CONDITION,
+                    GPU_MISSING_CONDITION)
+PREFLIGHT_CONDITION = "GPUPreflightPassed"
+
+# "NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, Row Remapper: ..." (R470 and later)
+# "NVRM: Xid (0000:01:00): 13, Graphics SM Warp Exception ..." (older drivers)
+XID_LINE = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f:.]+)\): (?P<code>\d+),\s*(?P<text>.*)")
+# PCIe Advanced Error Reporting, as the kernel's aer driver logs it:
+# "pcieport 0000:00:01.0: AER: Uncorrected (Fatal) error received: 0000:01:00.0"
+AER_LINE = re.compile(r"(?P<dev>[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]):? AER: "
+                      r"(?P<kind>Uncorrected \((?:Fatal|Non-Fatal)\)|Corrected) error")
+# Xids that are about NVLink rather than the GPU's own state.
+NVLINK_XIDS = frozenset({74})
+
+
+@dataclass(frozen=True)
+class Fault:
+    condition: str
+    reason: str
+    message: str
+    severity: str
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    pci: str
+    code: int
+    text: str
+
+
+def xid_events(lines) -> list[XidEvent]:
+    """Xid reports in kernel-log lines (dmesg, /dev/kmsg records, journal lines)."""
+    events = []
+    for line in lines:
+        match = XID_LINE.search(line)
+        if match:
+            events.append(XidEvent(match["pci"].lower(), int(match["code"]), match["text"].strip()))
+    return events
+
+
+def xid_faults(events: list[XidEvent], fatal: set[int], degraded: set[int]) -> list[Fault]:
+    """One fault per Xid class seen, worst first; Xids in neither class are not faults."""
+    faults = []
+    for code in sorted({e.code for e in events}):
+        if code not in fatal and code not in degraded:
+            continue
+        where = sorted({e.pci for e in events if e.code == code})
+        sample = next(e.text for e in events if e.code == code)
+        condition = NVLINK_CONDITION if code in NVLINK_XIDS else XID_CONDITION
+        faults.append(Fault(condition, f"Xid{code}", f"Xid {code} on {', '.join(where)}: {sample[:160]}",
+                            FATAL if code in fatal else DEGRADED))
+    return sorted(faults, key=lambda f: f.severity != FATAL)
+
+
+def pcie_faults(lines) -> list[Fault]:
+    """Uncorrected AER errors: fatal ones lose the device, non-fatal ones degrade it; corrected ones are noise."""
+    worst: dict[str, str] = {}
+    for line in lines:
+        match = AER_LINE.search(line)
+        if not match or match["kind"] == "Corrected":
+            continue
+        severity = FATAL if "(Fatal)" in match["kind"] else DEGRADED
+        if worst.get(match["dev"]) != FATAL:
+            worst[match["dev"]] = severity
+    if not worst:
+        return []
+    severity = FATAL if FATAL in worst.values() else DEGRADED
+    devices = ", ".join(f"{dev} ({sev})" for dev, sev in sorted(worst.items()))
+    return [Fault(PCIE_CONDITION, "PCIeUncorrectedError", f"uncorrected PCIe errors: {devices}", severity)]
+
+
+MEMORY_FIELDS = ("index", "ecc.errors.uncorrected.volatile.total", "remapped_rows.pending",
+                 "remapped_rows.failure", "retired_pages.pending")
+NOT_AVAILABLE = ("[N/A]", "N/A", "[Not Supported]", "Not Supported", "")
+
+
+def _rows(text: str, fields) -> list[dict]:
+    rows = []
+    for line in text.splitlines():
+        if line.strip():
+            values = [v.strip() for v in line.split(",")]
+            if len(values) == len(fields):
+                rows.append({f: (None if v in NOT_AVAILABLE else v) for f, v in zip(fields, values)})
+    return rows
+
+
+def memory_faults(smi_csv: str) -> list[Fault]:
+    """`nvidia-smi --query-gpu=<MEMORY_FIELDS> --format=csv,noheader,nounits` -> memory faults."""
+    failed, pending = [], []
+    for row in _rows(smi_csv, MEMORY_FIELDS):
+        gpu = f"GPU {row['index']}"
+        if (row["remapped_rows.failure"] or "").lower() == "yes":
+            failed.append(f"{gpu}: row remapping failed")
+        errors = row["ecc.errors.uncorrected.volatile.total"]
+        if errors and errors.isdigit() and int(errors) > 0:
+            pending.append(f"{gpu}: {errors} uncorrectable ECC errors")
+        if (row["remapped_rows.pending"] or "").lower() == "yes":
+            pending.append(f"{gpu}: remapped row pending reset")
+        if (row["retired_pages.pending"] or "").lower() == "yes":
+            pending.append(f"{gpu}: retired page pending reset")
+    if failed:
+        return [Fault(MEMORY_CONDITION, "RowRemapFailed", "; ".join(failed + pending), FATAL)]
+    if pending:
+        return [Fault(MEMORY_CONDITION, "MemoryResetPending", "; ".join(pending), DEGRADED)]
+    return []
+
+
+def gpu_count_faults(identity_csv: str | None, expected: int) -> list[Fault]:
+    """Fewer GPUs than the pool declares (or nvidia-smi failing): the GPU fell off the bus."""
+    if identity_csv is None:
+        return [Fault(GPU_MISSING_CONDITION, "NvidiaSmiFailed", "nvidia-smi does not answer", FATAL)]
+    seen = len([line for line in identity_csv.splitlines() if line.strip()])
+    if seen < expected:
+        return [Fault(GPU_MISSING_CONDITION, "GPUsMissing", f"{seen} of {expected} GPUs visible", FATAL)]
+    return []
+
+
+def nvlink_faults(nvlink_status: str | None) -> list[Fault]:
+    """`nvidia-smi nvlink -s`: any `<inactive>` link on an NVSwitch/NVLink system."""
+    if not nvlink_status:
+        return []
+    gpu, down = None, []
+    for line in nvlink_status.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("GPU "):
+            gpu = stripped.split(":")[0]
+        elif stripped.startswith("Link ") and "inactive" in stripped.lower():
+            down.append(f"{gpu} {stripped.split(':')[0]}")
+    if down:
+        return [Fault(NVLINK_CONDITION, "NVLinkInactive", f"inactive NVLinks: {', '.join(down[:16])}", DEGRADED)]
+    return []
+
+
+def roce_faults(rdma_links: list[dict] | None, interfaces: list[str]) -> list[Fault]:
+    """`rdma -j link`: every RoCE interface of the pool must have an ACTIVE port."""
+    if not interfaces:
+        return []
+    if rdma_links is None:
+        return [Fault(ROCE_CONDITION, "RdmaUnavailable", "`rdma -j link` did not answer", DEGRADED)]
+    by_netdev = {link.get("netdev"): link for link in rdma_links}
+    down = []
+    for iface in interfaces:
+        link = by_netdev.get(iface)
+        if link is None:
+            down.append(f"{iface}: no RDMA port")
+        elif link.get("state") != "ACTIVE":
+            down.append(f"{iface}: {link.get('state')}/{link.get('physical_state')}")
+    if down:
+        return [Fault(ROCE_CONDITION, "RoCELinkDown", "; ".join(down), DEGRADED)]
+    return []
+
+
+def taint_effect(faults: list[Fault], evict_on_fatal: bool) -> str | None:
+    """The corral.dev/unhealthy taint's effect for these faults, or None for a healthy node."""
+    if not faults:
+        return None
+    if evict_on_fatal and any(f.severity == FATAL for f in faults):
+        return "NoExecute"
+    return "NoSchedule"
+
+
+def conditions(faults: list[Fault]) -> dict[str, tuple[str, str, str]]:
+    """Every fault condition type -> (status, reason, message); healthy ones False."""
+    out = {c: ("False", "NoFault", "no fault seen") for c in FAULT_CONDITIONS}
+    for condition in FAULT_CONDITIONS:
+        mine = [f for f in faults if f.condition == condition]
+        if mine:
+            mine.sort(key=lambda f: f.severity != FATAL)
+            out[condition] = ("True", mine[0].reason, "; ".join(f.message for f in mine)[:1000])
+    return out
