@@ -1,12 +1,20 @@
 """Cloud-init for etcd members, API servers and cloud pool nodes: one set of templates for every cloud.
 
-The `render_*` functions are plain Python over the cluster model and PEM
-strings, so they are tested without Pulumi and reusable elsewhere
-(`render_scheduler_config` by a manifests module, the shared
-JoinConfiguration template by the on-prem Ansible roles). `user_data(ctx,
-pki)` wires them to the Pki component's Outputs for the Pulumi program;
-every document it returns carries keys or the bootstrap token, so every one
-is a Pulumi secret.
+The `render_*` functions are plain Python over the cluster model, so they
+are tested without Pulumi and reusable elsewhere (`render_scheduler_config`
+by a manifests module, the shared JoinConfiguration template by the on-prem
+Ansible roles).
+
+No secret is ever in user data (cloud user data is readable from instance
+metadata by pods and by cloud viewers). Each machine role has ONE secret in
+the cloud's secret store (`platform.SecretStore`): a bundle of the files only
+that role needs (`*_secret_files`, packed by `bundle`). The user data holds a
+`SecretRef` and the shared fetch script (scripts/fetch-secrets.sh.j2), which
+runs first at boot with the machine's own identity. Join configurations in
+user data carry placeholders for the bootstrap token and the CA pin, which
+the boot scripts fill from the fetched files into a temporary copy, removed
+after the join. `machine_secrets(ctx, pki, store)` creates the secrets,
+`user_data(ctx, refs)` renders the (plain) user data.
 
 Templates live in corral/templates/ (jinja2, StrictUndefined: a missing
 input is an error, never an empty string):
@@ -21,6 +29,11 @@ input is an error, never an empty string):
 
 from __future__ import annotations
 
+import base64
+import gzip
+import io
+import shlex
+import tarfile
 import ipaddress
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -31,6 +44,8 @@ import jinja2
 
 from corral.model import CloudPool, Cluster
 from corral.model.layout import API_PORT, API_VIP_OFFSET, Layout, Machine
+
+from .platform import SecretRef
 
 if TYPE_CHECKING:  # Pulumi is imported only where Outputs are wired.
     import pulumi
@@ -53,9 +68,39 @@ SCHEDULER_CONFIG = "/etc/kubernetes/scheduler-config.yaml"
 SCHEDULER_KUBECONFIG = "/etc/kubernetes/scheduler.conf"
 MAX_PARALLEL_IMAGE_PULLS = 5
 
-# Replaced at boot by the boot scripts (values only the machine knows).
+# Replaced at boot by the boot scripts (values only the machine knows, or
+# that it fetches from the secret store).
 NODE_NAME_PLACEHOLDER = "__CORRAL_NODE_NAME__"
 DISCOVERY_PLACEHOLDER = "__CORRAL_DISCOVERY_ENDPOINT__"
+TOKEN_PLACEHOLDER = "__CORRAL_BOOTSTRAP_TOKEN__"
+CA_HASH_PLACEHOLDER = "__CORRAL_CA_CERT_HASH__"
+# Fetched files the boot scripts read (and delete after the join).
+TOKEN_FILE = f"{KUBEADM_DIR}/bootstrap-token"
+CA_HASH_FILE = f"{KUBEADM_DIR}/ca-cert-hash"
+FETCH_SCRIPT = "/usr/local/sbin/corral-fetch-secrets"
+
+# Where the fetch script talks to, per cloud: the metadata service (the
+# machine's identity) and the secret store's API. `{store}` is the SecretRef's.
+SECRET_ENDPOINTS = {
+    "aws": ("http://169.254.169.254", "https://secretsmanager.{store}.amazonaws.com"),
+    "gcp": ("http://metadata.google.internal", "https://secretmanager.googleapis.com"),
+    "azure": ("http://169.254.169.254", "https://{store}.vault.azure.net"),
+}
+# Bootstrap tokens expire: a stolen one is useless after this; rotate them
+# (and every cloud pool's) with `corral:bootstrapTokenRotation` (pki.py).
+DEFAULT_TOKEN_TTL_HOURS = 24
+MAX_TOKEN_TTL_HOURS = 168
+# Audit log and Secrets encryption of the API servers.
+AUDIT_POLICY = "/etc/kubernetes/audit/policy.yaml"
+AUDIT_LOG_DIR = "/var/log/kubernetes/audit"
+AUDIT_LOG_MAX_AGE_DAYS = 30
+AUDIT_LOG_MAX_BACKUPS = 10
+AUDIT_LOG_MAX_SIZE_MB = 100
+ENCRYPTION_DIR = "/etc/kubernetes/encryption"
+ENCRYPTION_CONFIG = f"{ENCRYPTION_DIR}/config.yaml"
+# 60 x 10 s: read grants (IAM, Key Vault RBAC) can take minutes to apply.
+FETCH_ATTEMPTS = 60
+FETCH_RETRY_SECONDS = 10
 PROVIDER_ID_PLACEHOLDER = "__CORRAL_PROVIDER_ID__"
 # AWS: the API load balancer's DNS name is a SAN of the API servers'
 # certificate, but AWS picks it when the load balancer is created. The AWS
@@ -140,12 +185,15 @@ ETCD_DISK_LOCATORS = {
 
 @lru_cache(maxsize=1)
 def environment() -> jinja2.Environment:
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
     )
+    # Shell-quoted value, for values a script assigns.
+    env.filters["shquote"] = lambda value: shlex.quote(str(value))
+    return env
 
 
 def render(template: str, **context: Any) -> str:
@@ -159,13 +207,66 @@ class File:
     mode: str = "0644"
 
 
-def cloud_config(role: str, machine: str, files: list[File], commands: list[str], secret: bool) -> str:
+def cloud_config(role: str, machine: str, files: list[File], commands: list[str], ref: SecretRef) -> str:
+    """The user data: `files` and `commands`, after fetching the machine's secret `ref`."""
     return render(
         "cloud-init/cloud-config.yaml.j2",
-        role=role, machine=machine, secret=secret,
-        files=[{"path": f.path, "content": f.content, "mode": f.mode} for f in files],
-        commands=commands,
+        role=role, machine=machine, secret_ref=ref,
+        files=[{"path": f.path, "content": f.content, "mode": f.mode} for f in [fetch_script(ref), *files]],
+        commands=[FETCH_SCRIPT, *commands],
     )
+
+
+# --- Secrets: bundles and their fetch script ----------------------------------------
+
+
+def bundle(files: list[File]) -> str:
+    """The files as one secret value: base64 of a tar.gz (modes kept, owner root).
+
+    Deterministic (no times, no user names), so an unchanged bundle is an
+    unchanged secret. Paths are stored relative to /.
+    """
+    raw = io.BytesIO()
+    with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as zipped, tarfile.open(fileobj=zipped, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for f in files:
+            data = f.content.encode()
+            info = tarfile.TarInfo(f.path.lstrip("/"))
+            info.size, info.mode, info.mtime = len(data), int(f.mode, 8), 0
+            info.uid = info.gid = 0
+            info.uname = info.gname = "root"
+            tar.addfile(info, io.BytesIO(data))
+    return base64.b64encode(raw.getvalue()).decode()
+
+
+def unbundle(value: str) -> dict[str, File]:
+    """The files of a bundle, by absolute path (tests and checks)."""
+    files = {}
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(base64.b64decode(value))), mode="r") as tar:
+        for member in tar.getmembers():
+            content = tar.extractfile(member).read().decode()  # type: ignore[union-attr]
+            files["/" + member.name] = File("/" + member.name, content, f"{member.mode:04o}")
+    return files
+
+
+def fetch_context(ref: SecretRef, root: str = "/", endpoints: tuple[str, str] | None = None) -> dict[str, Any]:
+    """What fetch-secrets.sh.j2 takes; `endpoints` (metadata, API) replaces the cloud's (tests)."""
+    if ref.cloud not in SECRET_ENDPOINTS:
+        raise ValueError(f"no secret store for cloud {ref.cloud!r} (corral knows {', '.join(SECRET_ENDPOINTS)})")
+    metadata, api = endpoints or SECRET_ENDPOINTS[ref.cloud]
+    return {
+        "cloud": ref.cloud, "store": ref.store, "secret_name": ref.name,
+        "metadata_url": metadata, "api_url": api.format(store=ref.store), "root": root,
+        "attempts": FETCH_ATTEMPTS, "retry_seconds": FETCH_RETRY_SECONDS,
+    }
+
+
+def fetch_script(ref: SecretRef) -> File:
+    return File(FETCH_SCRIPT, render("scripts/fetch-secrets.sh.j2", **fetch_context(ref)), "0755")
+
+
+def join_secret_files(token: str, ca_cert_hash: str) -> list[File]:
+    """What a joining machine fills its JoinConfiguration's placeholders from."""
+    return [File(TOKEN_FILE, token + "\n", "0600"), File(CA_HASH_FILE, ca_cert_hash + "\n", "0600")]
 
 
 # --- Pieces shared by several machine kinds -----------------------------------
@@ -316,16 +417,24 @@ def render_etcd_config(cluster: Cluster, member: Machine, members: tuple[Machine
     )
 
 
-def render_etcd_cloud_init(
-    cluster: Cluster, member: Machine, members: tuple[Machine, ...], tls: EtcdMemberTls, events: bool = False
-) -> str:
+def etcd_secret_files(tls: EtcdMemberTls) -> list[File]:
+    """etcd member N's secret: its own keys and certificates, nothing else."""
     pki = ETCD_PKI_DIR
-    files = [
+    return [
         File(f"{pki}/ca.crt", tls.ca_cert),
         File(f"{pki}/server.crt", tls.server_cert),
         File(f"{pki}/server.key", tls.server_key, "0600"),
         File(f"{pki}/peer.crt", tls.peer_cert),
         File(f"{pki}/peer.key", tls.peer_key, "0600"),
+    ]
+
+
+def render_etcd_cloud_init(
+    cluster: Cluster, member: Machine, members: tuple[Machine, ...], ref: SecretRef, events: bool = False
+) -> str:
+    """etcd member's user data: its configuration and scripts; its keys come from `ref`."""
+    pki = ETCD_PKI_DIR
+    files = [
         File(ETCD_CONFIG, render_etcd_config(cluster, member, members, events)),
         File("/etc/systemd/system/etcd.service", render(
             "etcd/etcd.service.j2", member_name=member.name, data_dir=ETCD_DATA_DIR, config_path=ETCD_CONFIG,
@@ -340,7 +449,7 @@ def render_etcd_cloud_init(
         ), "0755"),
     ]
     role = "etcd events member" if events else "etcd member"
-    return cloud_config(role, member.name, files, ["/usr/local/sbin/corral-etcd-data-disk", "/usr/local/sbin/corral-install-etcd"], secret=True)
+    return cloud_config(role, member.name, files, ["/usr/local/sbin/corral-etcd-data-disk", "/usr/local/sbin/corral-install-etcd"], ref)
 
 
 # --- API servers ----------------------------------------------------------------
@@ -361,8 +470,26 @@ class ControlPlaneTls:
     etcd_client_key: str
 
 
+@dataclass(frozen=True)
+class JoinToken:
+    """A kubeadm bootstrap token and what it is for (the InitConfiguration lists them all)."""
+
+    token: str
+    description: str
+
+
 def api_server_args(cluster: Cluster, lay: Layout) -> dict[str, str]:
-    args = {"enable-admission-plugins": ",".join(ADMISSION_PLUGINS)}
+    args = {
+        "enable-admission-plugins": ",".join(ADMISSION_PLUGINS),
+        # Who did what: every request at the level audit-policy.yaml.j2 says.
+        "audit-policy-file": AUDIT_POLICY,
+        "audit-log-path": f"{AUDIT_LOG_DIR}/audit.log",
+        "audit-log-maxage": str(AUDIT_LOG_MAX_AGE_DAYS),
+        "audit-log-maxbackup": str(AUDIT_LOG_MAX_BACKUPS),
+        "audit-log-maxsize": str(AUDIT_LOG_MAX_SIZE_MB),
+        # Secrets encrypted at rest in etcd (the key comes from the secret store).
+        "encryption-provider-config": ENCRYPTION_CONFIG,
+    }
     if lay.events_members:
         # Events churn in their own etcd cluster, so they cannot slow down
         # writes of everything else (OpenAI's 2,500-node lesson).
@@ -370,7 +497,19 @@ def api_server_args(cluster: Cluster, lay: Layout) -> dict[str, str]:
     return args
 
 
-def kubeadm_context(cluster: Cluster, lay: Layout, server: Machine, token: str, ca_cert_hashes: list[str]) -> dict[str, Any]:
+def api_server_volumes() -> list[dict[str, Any]]:
+    """kubeadm extraVolumes of the kube-apiserver static pod: audit policy and log, encryption config."""
+    return [
+        {"name": "audit-policy", "hostPath": AUDIT_POLICY, "mountPath": AUDIT_POLICY, "readOnly": True, "pathType": "File"},
+        {"name": "audit-log", "hostPath": AUDIT_LOG_DIR, "mountPath": AUDIT_LOG_DIR, "readOnly": False, "pathType": "DirectoryOrCreate"},
+        {"name": "encryption-config", "hostPath": ENCRYPTION_DIR, "mountPath": ENCRYPTION_DIR, "readOnly": True, "pathType": "DirectoryOrCreate"},
+    ]
+
+
+def kubeadm_context(
+    cluster: Cluster, lay: Layout, server: Machine, tokens: list[JoinToken], ca_cert_hashes: list[str],
+    token_ttl_hours: int = DEFAULT_TOKEN_TTL_HOURS,
+) -> dict[str, Any]:
     api_version = kubeadm_api_version(cluster.kubernetes.version)
     return {
         "api_version": api_version,
@@ -385,13 +524,16 @@ def kubeadm_context(cluster: Cluster, lay: Layout, server: Machine, token: str, 
         "service_cidr": cluster.kubernetes.service_cidr,
         "etcd_endpoints": lay.etcd_client_urls(),
         "api_server_args": api_server_args(cluster, lay),
+        "api_server_volumes": api_server_volumes(),
         "controller_manager_args": {},
         "scheduler_args": {"config": SCHEDULER_CONFIG},
         "scheduler_config_path": SCHEDULER_CONFIG,
         "max_parallel_image_pulls": MAX_PARALLEL_IMAGE_PULLS,
         "server": server,
         "cri_socket": CRI_SOCKET,
-        "token": token,
+        "tokens": [{"token": t.token, "description": t.description} for t in tokens],
+        "token": tokens[0].token if tokens else TOKEN_PLACEHOLDER,
+        "token_ttl": f"{token_ttl_hours}h0m0s",
         "ca_cert_hashes": ca_cert_hashes,
         "discovery_endpoint": DISCOVERY_PLACEHOLDER,
         # Filled in at boot by the API server script (corral-provider-id).
@@ -400,16 +542,53 @@ def kubeadm_context(cluster: Cluster, lay: Layout, server: Machine, token: str, 
     }
 
 
-def render_kubeadm_init_config(cluster: Cluster, lay: Layout, token: str) -> str:
-    """The first API server's `kubeadm init` config (Init, Cluster and Kubelet configuration)."""
-    context = kubeadm_context(cluster, lay, lay.api_servers[0], token, [])
+def render_kubeadm_init_config(
+    cluster: Cluster, lay: Layout, tokens: list[JoinToken], token_ttl_hours: int = DEFAULT_TOKEN_TTL_HOURS
+) -> str:
+    """The first API server's `kubeadm init` config (Init, Cluster and Kubelet configuration).
+
+    It registers every token in `tokens` (the API servers' and each cloud
+    pool's), each expiring `token_ttl_hours` after the init.
+    """
+    context = kubeadm_context(cluster, lay, lay.api_servers[0], tokens, [], token_ttl_hours)
     return render("kubeadm/init-configuration.yaml.j2", **context)
 
 
-def render_kubeadm_join_config(cluster: Cluster, lay: Layout, index: int, token: str, ca_cert_hashes: list[str]) -> str:
-    """API server `index`'s control-plane JoinConfiguration (discovery endpoint filled in at boot)."""
-    context = kubeadm_context(cluster, lay, lay.api_servers[index], token, ca_cert_hashes)
+def render_kubeadm_join_config(cluster: Cluster, lay: Layout, index: int) -> str:
+    """API server `index`'s control-plane JoinConfiguration; the discovery endpoint,
+    token and CA pin are placeholders the boot script fills in."""
+    context = kubeadm_context(cluster, lay, lay.api_servers[index], [JoinToken(TOKEN_PLACEHOLDER, "")], [CA_HASH_PLACEHOLDER])
     return render("kubeadm/control-plane-join.yaml.j2", **context)
+
+
+def encryption_config(key_base64: str) -> str:
+    """EncryptionConfiguration: Secrets sealed with secretbox (XSalsa20-Poly1305) under a
+    32-byte key; `identity` last, so Secrets written before encryption stay readable."""
+    return render("kubeadm/encryption-configuration.yaml.j2", key=key_base64)
+
+
+def api_server_secret_files(
+    cluster: Cluster, lay: Layout, tls: ControlPlaneTls, tokens: list[JoinToken], ca_cert_hash: str,
+    encryption_key: str, token_ttl_hours: int = DEFAULT_TOKEN_TTL_HOURS,
+) -> list[File]:
+    """The API servers' secret: CA and service-account keys, the etcd client key, the
+    init config with every bootstrap token, their own join token and the encryption key."""
+    pki = "/etc/kubernetes/pki"
+    return [
+        File(f"{pki}/ca.crt", tls.ca_cert),
+        File(f"{pki}/ca.key", tls.ca_key, "0600"),
+        File(f"{pki}/front-proxy-ca.crt", tls.front_proxy_ca_cert),
+        File(f"{pki}/front-proxy-ca.key", tls.front_proxy_ca_key, "0600"),
+        File(f"{pki}/sa.key", tls.service_account_key, "0600"),
+        File(f"{pki}/sa.pub", tls.service_account_public_key),
+        File(f"{pki}/etcd/ca.crt", tls.etcd_ca_cert),
+        File(f"{pki}/apiserver-etcd-client.crt", tls.etcd_client_cert),
+        File(f"{pki}/apiserver-etcd-client.key", tls.etcd_client_key, "0600"),
+        # Only server 0 inits (the others delete it unread); it lists every token.
+        File(f"{KUBEADM_DIR}/init.yaml", render_kubeadm_init_config(cluster, lay, tokens, token_ttl_hours), "0600"),
+        *join_secret_files(tokens[0].token, ca_cert_hash),
+        File(ENCRYPTION_CONFIG, encryption_config(encryption_key), "0600"),
+    ]
 
 
 def render_api_dns_name_script(metadata_url: str = METADATA_URL, attempts: int = 30, retry_seconds: int = 5) -> str:
@@ -427,27 +606,16 @@ def api_dns_name_files(cluster: Cluster) -> list[File]:
     return [File(API_DNS_NAME_SCRIPT, render_api_dns_name_script(), "0755")]
 
 
-def render_api_server_cloud_init(
-    cluster: Cluster, lay: Layout, index: int, tls: ControlPlaneTls, token: str, ca_cert_hash: str
-) -> str:
+def render_api_server_cloud_init(cluster: Cluster, lay: Layout, index: int, ref: SecretRef) -> str:
+    """API server `index`'s user data; its keys and tokens come from `ref`."""
     server = lay.api_servers[index]
-    pki = "/etc/kubernetes/pki"
     files = [
         *node_files(cluster),
-        File(f"{pki}/ca.crt", tls.ca_cert),
-        File(f"{pki}/ca.key", tls.ca_key, "0600"),
-        File(f"{pki}/front-proxy-ca.crt", tls.front_proxy_ca_cert),
-        File(f"{pki}/front-proxy-ca.key", tls.front_proxy_ca_key, "0600"),
-        File(f"{pki}/sa.key", tls.service_account_key, "0600"),
-        File(f"{pki}/sa.pub", tls.service_account_public_key),
-        File(f"{pki}/etcd/ca.crt", tls.etcd_ca_cert),
-        File(f"{pki}/apiserver-etcd-client.crt", tls.etcd_client_cert),
-        File(f"{pki}/apiserver-etcd-client.key", tls.etcd_client_key, "0600"),
-        # Every server can join (server 0 too, when it replaces a lost machine);
-        # server 0 also holds the config that initialises the cluster.
-        File(f"{KUBEADM_DIR}/join.yaml", render_kubeadm_join_config(cluster, lay, index, token, [ca_cert_hash]), "0600"),
+        # Every server can join (server 0 too, when it replaces a lost machine).
+        File(f"{KUBEADM_DIR}/join.yaml", render_kubeadm_join_config(cluster, lay, index), "0600"),
         File(SCHEDULER_CONFIG, render_scheduler_config(cluster)),
         *api_dns_name_files(cluster),
+        File(AUDIT_POLICY, render("kubeadm/audit-policy.yaml.j2")),
         File("/usr/local/sbin/corral-apiserver-hairpin", render(
             "scripts/apiserver-hairpin.sh.j2", api_vip=lay.api_vip, api_port=API_PORT, server_ip=server.ip,
         ), "0755"),
@@ -460,14 +628,14 @@ def render_api_server_cloud_init(
             provider_id_placeholder=PROVIDER_ID_PLACEHOLDER, provider_id_script=PROVIDER_ID_SCRIPT,
             api_dns_san_placeholder=API_DNS_SAN_PLACEHOLDER,
             api_dns_name_script=API_DNS_NAME_SCRIPT if api_dns_name_files(cluster) else "",
+            token_placeholder=TOKEN_PLACEHOLDER, ca_hash_placeholder=CA_HASH_PLACEHOLDER,
+            token_file=TOKEN_FILE, ca_hash_file=CA_HASH_FILE,
         ), "0755"),
     ]
-    if index == 0:
-        files.append(File(f"{KUBEADM_DIR}/init.yaml", render_kubeadm_init_config(cluster, lay, token), "0600"))
     image = coscheduling_image(cluster)
     if image:
         files.append(File("/etc/kubernetes/patches/kube-scheduler+strategic.yaml", scheduler_image_patch(image)))
-    return cloud_config("API server", server.name, files, ["/usr/local/sbin/corral-api-server"], secret=True)
+    return cloud_config("API server", server.name, files, ["/usr/local/sbin/corral-api-server"], ref)
 
 
 # --- Cloud pool nodes -----------------------------------------------------------
@@ -493,25 +661,56 @@ def render_join_configuration(
     )
 
 
-def render_pool_cloud_init(cluster: Cluster, lay: Layout, pool: CloudPool, token: str, ca_cert_hash: str) -> str:
-    join = render_join_configuration(cluster, pool, lay.api_endpoint, token, [ca_cert_hash], NODE_NAME_PLACEHOLDER)
+def pool_secret_files(token: str, ca_cert_hash: str) -> list[File]:
+    """A cloud pool's secret: its own bootstrap token (and the CA pin), nothing else."""
+    return join_secret_files(token, ca_cert_hash)
+
+
+def render_pool_cloud_init(cluster: Cluster, lay: Layout, pool: CloudPool, ref: SecretRef) -> str:
+    """A pool node's user data: the join configuration with placeholders; the token comes from `ref`."""
+    join = render_join_configuration(
+        cluster, pool, lay.api_endpoint, TOKEN_PLACEHOLDER, [CA_HASH_PLACEHOLDER], NODE_NAME_PLACEHOLDER,
+    )
     files = [
         *node_files(cluster),
         File(f"{KUBEADM_DIR}/join.yaml", join, "0600"),
         File("/usr/local/sbin/corral-pool-node", render(
             "scripts/pool-node.sh.j2", pool_name=pool.name, node_name_placeholder=NODE_NAME_PLACEHOLDER,
             provider_id_placeholder=PROVIDER_ID_PLACEHOLDER, provider_id_script=PROVIDER_ID_SCRIPT,
+            token_placeholder=TOKEN_PLACEHOLDER, ca_hash_placeholder=CA_HASH_PLACEHOLDER,
+            token_file=TOKEN_FILE, ca_hash_file=CA_HASH_FILE, kubeadm_dir=KUBEADM_DIR,
         ), "0755"),
     ]
-    return cloud_config("cloud pool node", pool.name, files, ["/usr/local/sbin/corral-pool-node"], secret=True)
+    return cloud_config("cloud pool node", pool.name, files, ["/usr/local/sbin/corral-pool-node"], ref)
 
 
 # --- Wiring to Pulumi -----------------------------------------------------------
 
+# The secret-store keys of each machine role: one secret per role.
+APISERVER_SECRET = "apiserver"
+
+
+def etcd_secret_key(member_name: str) -> str:
+    """`etcd-0`, `etcd-events-2` (of `<cluster>-etcd-0`...): member N's own secret."""
+    return member_name.split("-", 1)[1] if "-" in member_name else member_name
+
+
+def pool_secret_key(pool_name: str) -> str:
+    return f"pool-{pool_name}"
+
+
+@dataclass
+class MachineSecrets:
+    """Where each machine role's secret lives (plain references, for user data)."""
+
+    etcd: dict[str, SecretRef] = field(default_factory=dict)  # member name -> ref
+    api_servers: SecretRef | None = None
+    pools: dict[str, SecretRef] = field(default_factory=dict)  # pool name -> ref
+
 
 @dataclass
 class UserData:
-    """Every machine's cloud-init, as secret Outputs, in the shapes the components take."""
+    """Every machine's cloud-init (references only, no secret), in the shapes the components take."""
 
     etcd: list[pulumi.Output[str]] = field(default_factory=list)
     events_etcd: list[pulumi.Output[str]] = field(default_factory=list)
@@ -523,44 +722,47 @@ PLACEHOLDER_PEM = "-----BEGIN CERTIFICATE-----\nplaceholder\n-----END CERTIFICAT
 
 
 def check_renders(cluster: Cluster, lay: Layout) -> None:
-    """Render every kind of document once with placeholder keys, now.
+    """Render every secret bundle once with placeholder keys, now.
 
-    The real documents render inside Outputs, which a preview (and `corral
+    The real bundles render inside Outputs, which a preview (and `corral
     plan`) never resolves: without this, a template or input error would
     only show at `pulumi up`, halfway through creating machines.
     """
-    token, digest = "abcdef.0123456789abcdef", "sha256:" + "0" * 64
+    token, digest = JoinToken("abcdef.0123456789abcdef", "placeholder"), "sha256:" + "0" * 64
     tls = ControlPlaneTls(*[PLACEHOLDER_PEM] * 9)
-    for members, events in ((lay.etcd_members, False), (lay.events_members, True)):
-        if members:
-            render_etcd_cloud_init(cluster, members[0], members, EtcdMemberTls(*[PLACEHOLDER_PEM] * 5), events)
-    for index in range(min(2, len(lay.api_servers))):  # the first (init) and a joining one
-        render_api_server_cloud_init(cluster, lay, index, tls, token, digest)
-    for pool in cluster.cloud_pools:
-        render_pool_cloud_init(cluster, lay, pool, token, digest)
+    bundle(etcd_secret_files(EtcdMemberTls(*[PLACEHOLDER_PEM] * 5)))
+    bundle(api_server_secret_files(cluster, lay, tls, [token], digest, "A" * 44))
+    bundle(pool_secret_files(token.token, digest))
 
 
-def user_data(ctx: ClusterContext, pki: Pki) -> UserData:
+def token_ttl_hours() -> int:
+    """`corral:bootstrapTokenTtlHours` (stack config), else DEFAULT_TOKEN_TTL_HOURS."""
+    import pulumi
+
+    hours = pulumi.Config("corral").get_int("bootstrapTokenTtlHours") or DEFAULT_TOKEN_TTL_HOURS
+    if not 1 <= hours <= MAX_TOKEN_TTL_HOURS:
+        raise ValueError(
+            f"corral:bootstrapTokenTtlHours is {hours}; bootstrap tokens must expire within "
+            f"1..{MAX_TOKEN_TTL_HOURS} hours (stacks/Pulumi.<cluster>.yaml)"
+        )
+    return hours
+
+
+def machine_secrets(ctx: ClusterContext, pki: Pki, store: Any) -> MachineSecrets:
+    """One secret per machine role in `store` (a platform.SecretStore); their references."""
     import pulumi
 
     cluster, lay = ctx.cluster, ctx.layout
     check_renders(cluster, lay)
-    result = UserData()
+    ttl = token_ttl_hours()
+    refs = MachineSecrets()
 
-    def etcd_documents(members: tuple[Machine, ...], events: bool) -> list[pulumi.Output[str]]:
-        documents = []
-        for member in members:
-            certs = pki.etcd_members[member.name]
-            tls = pulumi.Output.all(
-                pki.etcd_ca.cert_pem, certs.server.cert_pem, certs.server.key_pem, certs.peer.cert_pem, certs.peer.key_pem,
-            )
-            documents.append(pulumi.Output.secret(tls.apply(
-                lambda pems, member=member: render_etcd_cloud_init(cluster, member, members, EtcdMemberTls(*pems), events)
-            )))
-        return documents
-
-    result.etcd = etcd_documents(lay.etcd_members, events=False)
-    result.events_etcd = etcd_documents(lay.events_members, events=True)
+    for member in (*lay.etcd_members, *lay.events_members):
+        certs = pki.etcd_members[member.name]
+        value = pulumi.Output.all(
+            pki.etcd_ca.cert_pem, certs.server.cert_pem, certs.server.key_pem, certs.peer.cert_pem, certs.peer.key_pem,
+        ).apply(lambda pems: bundle(etcd_secret_files(EtcdMemberTls(*pems))))
+        refs.etcd[member.name] = store.put(etcd_secret_key(member.name), pulumi.Output.secret(value))
 
     control_plane_tls = pulumi.Output.all(
         pki.kubernetes_ca.cert_pem, pki.kubernetes_ca.key_pem,
@@ -568,15 +770,61 @@ def user_data(ctx: ClusterContext, pki: Pki) -> UserData:
         pki.service_account_key.private_key_pem, pki.service_account_key.public_key_pem,
         pki.etcd_ca.cert_pem, pki.apiserver_etcd_client.cert_pem, pki.apiserver_etcd_client.key_pem,
     ).apply(lambda pems: ControlPlaneTls(*pems))
-    for server in lay.api_servers:
-        document = pulumi.Output.all(control_plane_tls, pki.bootstrap_token, pki.ca_cert_hash).apply(
-            lambda values, index=server.index: render_api_server_cloud_init(cluster, lay, index, *values)
-        )
-        result.api_servers.append(pulumi.Output.secret(document))
+    pool_names = [pool.name for pool in cluster.cloud_pools]
+    tokens = pulumi.Output.all(pki.bootstrap_token, *(pki.pool_tokens[name] for name in pool_names)).apply(
+        lambda values: [JoinToken(values[0], "corral: API servers join with this token")] + [
+            JoinToken(token, f"corral: nodes of cloud pool {name}") for name, token in zip(pool_names, values[1:])
+        ]
+    )
+    value = pulumi.Output.all(control_plane_tls, tokens, pki.ca_cert_hash, pki.encryption_key).apply(
+        lambda values: bundle(api_server_secret_files(cluster, lay, values[0], values[1], values[2], values[3], ttl))
+    )
+    refs.api_servers = store.put(APISERVER_SECRET, pulumi.Output.secret(value))
 
     for pool in cluster.cloud_pools:
-        document = pulumi.Output.all(pki.bootstrap_token, pki.ca_cert_hash).apply(
-            lambda values, pool=pool: render_pool_cloud_init(cluster, lay, pool, *values)
+        value = pulumi.Output.all(pki.pool_tokens[pool.name], pki.ca_cert_hash).apply(
+            lambda values: bundle(pool_secret_files(*values))
         )
-        result.pools[pool.name] = pulumi.Output.secret(document)
+        refs.pools[pool.name] = store.put(pool_secret_key(pool.name), pulumi.Output.secret(value))
+    return refs
+
+
+def user_data(ctx: ClusterContext, refs: MachineSecrets) -> UserData:
+    """Every machine's user data: plain cloud-init with a reference to its secret."""
+    import pulumi
+
+    cluster, lay = ctx.cluster, ctx.layout
+    result = UserData()
+    for members, target, events in ((lay.etcd_members, result.etcd, False), (lay.events_members, result.events_etcd, True)):
+        for member in members:
+            document = render_etcd_cloud_init(cluster, member, members, refs.etcd[member.name], events)
+            target.append(pulumi.Output.from_input(document))
+    assert refs.api_servers is not None
+    for server in lay.api_servers:
+        document = render_api_server_cloud_init(cluster, lay, server.index, refs.api_servers)
+        result.api_servers.append(pulumi.Output.from_input(document))
+    for pool in cluster.cloud_pools:
+        document = render_pool_cloud_init(cluster, lay, pool, refs.pools[pool.name])
+        result.pools[pool.name] = pulumi.Output.from_input(document)
     return result
+
+
+def grant_readers(store: Any, etcd: Any, events_etcd: Any, api_servers: Any, node_pools: Any) -> None:
+    """Each machine identity may read its own role's secret, nothing else."""
+    for component in (etcd, events_etcd):
+        if component is None:
+            continue
+        for member, identity in component.identities.items():
+            store.grant(etcd_secret_key(member), member, identity)
+    servers = api_servers.identities
+    distinct = {id(identity): identity for identity in servers.values()}
+    if len(distinct) == 1 and len(servers) > 1:
+        # AWS and GCP: one identity for every API server, one grant.
+        store.grant(APISERVER_SECRET, "apiservers", next(iter(distinct.values())))
+    else:
+        for server, identity in servers.items():
+            store.grant(APISERVER_SECRET, server, identity)
+    if node_pools is not None:
+        for pool, identity in node_pools.identities.items():
+            store.grant(pool_secret_key(pool), pool, identity)
+

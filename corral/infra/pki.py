@@ -51,6 +51,8 @@ TOKEN_SECRET_LENGTH = 16
 # Letters only: AWS refuses pre-shared keys that start with "0", and 48
 # letters are ~270 bits, far beyond what IKE needs.
 PSK_LENGTH = 48
+# secretbox takes a 32-byte key.
+ENCRYPTION_KEY_BYTES = 32
 
 
 def ca_cert_hash(cert_pem: str) -> str:
@@ -140,6 +142,11 @@ class EtcdMemberCerts:
     peer: IssuedCert
 
 
+def token_rotation() -> str:
+    """`corral:bootstrapTokenRotation` (stack config): change it to issue new bootstrap tokens."""
+    return pulumi.Config("corral").get("bootstrapTokenRotation") or "initial"
+
+
 class Pki(pulumi.ComponentResource):
     """The cluster's CAs, keys, certificates, bootstrap token and VPN keys.
 
@@ -149,7 +156,9 @@ class Pki(pulumi.ComponentResource):
         etcd_members                              member name -> EtcdMemberCerts
                                                   (etcd and events-etcd members)
         apiserver_etcd_client, admin              IssuedCert
-        bootstrap_token                           secret Output "[a-z0-9]{6}.[a-z0-9]{16}"
+        bootstrap_token                           secret Output "[a-z0-9]{6}.[a-z0-9]{16}" (API servers)
+        pool_tokens                               cloud pool name -> its own token (secret)
+        encryption_key                            secret Output: 32 random bytes, base64
         ca_cert_hash                              Output "sha256:<hex>"
         vpn_shared_keys                           site name -> secret Output
     """
@@ -191,17 +200,20 @@ class Pki(pulumi.ComponentResource):
             validity_hours=ADMIN_VALIDITY_HOURS, early_renewal_hours=ADMIN_EARLY_RENEWAL_HOURS,
         )
 
-        token_id = random.RandomPassword(
-            "bootstrap-token-id", length=TOKEN_ID_LENGTH, upper=False, special=False,
-            opts=pulumi.ResourceOptions(parent=self),
-        )
-        token_secret = random.RandomPassword(
-            "bootstrap-token-secret", length=TOKEN_SECRET_LENGTH, upper=False, special=False,
-            opts=pulumi.ResourceOptions(parent=self),
-        )
-        self.bootstrap_token: pulumi.Output[str] = pulumi.Output.secret(
-            pulumi.Output.concat(token_id.result, ".", token_secret.result)
-        )
+        # Bootstrap tokens expire (bootstrap.token_ttl_hours) and are replaced
+        # together whenever `corral:bootstrapTokenRotation` changes (any
+        # string: a date is a good one): `random` keepers make new values.
+        rotation = token_rotation()
+        self.bootstrap_token: pulumi.Output[str] = self._token("bootstrap-token", rotation)
+        # One token per cloud pool: a pool's machines can read only their own
+        # (in the secret store), and a pool's token is revoked on its own.
+        self.pool_tokens: dict[str, pulumi.Output[str]] = {
+            pool.name: self._token(f"bootstrap-token-{pool.name}", rotation) for pool in cluster.cloud_pools
+        }
+        # The API servers' Secrets encryption key (EncryptionConfiguration, secretbox).
+        self.encryption_key: pulumi.Output[str] = pulumi.Output.secret(random.RandomBytes(
+            "secrets-encryption-key", length=ENCRYPTION_KEY_BYTES, opts=pulumi.ResourceOptions(parent=self),
+        ).base64)
         self.ca_cert_hash: pulumi.Output[str] = self.kubernetes_ca.cert_pem.apply(ca_cert_hash)
 
         self.vpn_shared_keys: dict[str, pulumi.Output[str]] = {}
@@ -218,3 +230,15 @@ class Pki(pulumi.ComponentResource):
             "kubernetesCaCert": self.kubernetes_ca.cert_pem,
             "caCertHash": self.ca_cert_hash,
         })
+
+    def _token(self, name: str, rotation: str) -> pulumi.Output[str]:
+        """A kubeadm bootstrap token `[a-z0-9]{6}.[a-z0-9]{16}`, new whenever `rotation` changes."""
+        opts = pulumi.ResourceOptions(parent=self)
+        keepers = {"rotation": rotation}
+        token_id = random.RandomPassword(
+            f"{name}-id", length=TOKEN_ID_LENGTH, upper=False, special=False, keepers=keepers, opts=opts,
+        )
+        token_secret = random.RandomPassword(
+            f"{name}-secret", length=TOKEN_SECRET_LENGTH, upper=False, special=False, keepers=keepers, opts=opts,
+        )
+        return pulumi.Output.secret(pulumi.Output.concat(token_id.result, ".", token_secret.result))

@@ -35,6 +35,11 @@ classes, with these constructor signatures and attributes:
         with the pool's labels and taints). Attribute `cloud_settings`: what
         the cluster-autoscaler must be told about the cloud (Azure:
         ARM_SUBSCRIPTION_ID, ARM_RESOURCE_GROUP; GCP: GCP_PROJECT; AWS: none).
+        Method `allow_resize(identities)`: the API servers' identities (where
+        cluster-autoscaler runs) may resize these groups and nothing else
+        (Azure: Virtual Machine Contributor on each scale set; AWS and GCP
+        scope it in ApiServers already: by tag, by an IAM condition on the
+        MIG names).
 
     HybridLink(name, ctx, network, shared_keys, opts=None)
         A site-to-site VPN to every site with `vpn` (`shared_keys[site]` is
@@ -42,13 +47,35 @@ classes, with these constructor signatures and attributes:
         dict site name -> Output[dict] of what the data centre's side needs
         (gateway public address, tunnel addresses, cloud BGP ASN/peer IP).
 
+    SecretStore(name, ctx, opts=None)
+        The cluster's secrets in the cloud's secret store (AWS Secrets
+        Manager, GCP Secret Manager, Azure Key Vault): ONE secret per machine
+        role (etcd member N, the API servers, each cloud pool), never in user
+        data or instance metadata. Methods:
+          ref(key) -> SecretRef       where secret `key` lives; plain text,
+                                      known at preview (it goes in user data)
+          put(key, value) -> SecretRef  creates secret `key` holding `value`
+                                      (a secret Output[str])
+          grant(key, reader, identity)  lets `identity` (a machine identity
+                                      from a component's `identities`, of the
+                                      same cloud) read secret `key`, and only
+                                      it; `reader` names the grant.
+        Machines fetch their secret at boot with their own identity
+        (corral/templates/scripts/fetch-secrets.sh.j2, shared by every cloud).
+
+    Machine identities: Etcd, ApiServers and NodePools each have an attribute
+    `identities`: dict of member name / server name / pool name -> that
+    machine's cloud identity (AWS IAM role, GCP service account email, Azure
+    managed identity principal id), which SecretStore.grant takes. Several
+    names may share one identity (every API server on AWS and GCP).
+
 How the program (`program.py`) uses them: component names are
 `ctx.resource_name(<part>)`, i.e. `<cluster>-network`, `<cluster>-etcd`,
 `<cluster>-etcd-events`, `<cluster>-apiservers`, `<cluster>-nodepools`,
 `<cluster>-hybridlink`. NodePools is built only when the cluster has cloud
 pools, HybridLink only when a site declares `vpn`. Every `user_data` item is
-a secret Output[str] (plain cloud-init text, never base64: encode it as the
-cloud wants). Components raise ValueError for a cluster they cannot build;
+an Output[str] of plain cloud-init text (never base64: encode it as the cloud
+wants) holding no secret: only a `SecretRef` to the machine's secret. Components raise ValueError for a cluster they cannot build;
 the program and `corral plan` report its message without a traceback.
 """
 
@@ -82,7 +109,21 @@ class ClusterContext:
         return "-".join((self.cluster.name, *parts))
 
 
-COMPONENTS = ("Network", "Etcd", "ApiServers", "NodePools", "HybridLink")
+COMPONENTS = ("Network", "Etcd", "ApiServers", "NodePools", "HybridLink", "SecretStore")
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    """Where one secret lives, as the machines' fetch script needs it.
+
+    cloud: "aws" | "gcp" | "azure"; store: the AWS region, the Azure Key
+    Vault's name, "" on GCP (the machine's own project); name: the secret's
+    name in that store. Plain values, never the secret itself.
+    """
+
+    cloud: str
+    store: str
+    name: str
 
 
 _warned: set[tuple[int, str]] = set()

@@ -7,13 +7,15 @@ Pulumi's mocks (`plan.py`). It:
 1. loads `clusters/<stack>.yaml` through the model, with the fleet's rules
    (the cluster file is the only place a cluster's shape is written; the
    folder is env CORRAL_CLUSTERS, else `clusters/` of the project);
-2. derives the layout (`ClusterContext.of`), issues the PKI, renders every
-   machine's cloud-init;
+2. derives the layout (`ClusterContext.of`), issues the PKI, puts one secret
+   per machine role in the cloud's secret store (`SecretStore`) and renders
+   every machine's cloud-init, which holds only references to them;
 3. imports the cluster's cloud package by name (`corral.infra.<cloud>`), so
    only that cloud's SDK is loaded, and builds its components:
-   Network, Etcd (twice with a dedicated events cluster), ApiServers,
-   NodePools (when the cluster has cloud pools) and HybridLink (when a site
-   has a VPN);
+   SecretStore, Network, Etcd (twice with a dedicated events cluster),
+   ApiServers, NodePools (when the cluster has cloud pools) and HybridLink
+   (when a site has a VPN), then lets each machine identity read its own
+   role's secret and nothing else;
 4. exports the stack outputs (`outputs.py`) and applies the add-ons
    (`addons.py`) once the API servers answer.
 
@@ -99,6 +101,8 @@ class Deployment:
 
     ctx: ClusterContext
     pki: Pki
+    secret_store: Any
+    secrets: bootstrap.MachineSecrets
     user_data: bootstrap.UserData
     network: Any
     etcd: Any
@@ -118,7 +122,9 @@ def build(cluster: Cluster, platform: ModuleType | None = None) -> Deployment:
     name = ctx.resource_name
 
     pki = Pki(name("pki"), ctx)
-    user_data = bootstrap.user_data(ctx, pki)
+    secret_store = cloud.SecretStore(name("secrets"), ctx)
+    secrets = bootstrap.machine_secrets(ctx, pki, secret_store)
+    user_data = bootstrap.user_data(ctx, secrets)
 
     network = cloud.Network(name("network"), ctx)
     etcd = cloud.Etcd(name("etcd"), ctx, network, lay.etcd_members, user_data.etcd)
@@ -132,7 +138,12 @@ def build(cluster: Cluster, platform: ModuleType | None = None) -> Deployment:
         cloud.HybridLink(name("hybridlink"), ctx, network, pki.vpn_shared_keys)
         if pki.vpn_shared_keys else None
     )
-    deployment = Deployment(ctx, pki, user_data, network, etcd, events_etcd, api_servers, node_pools, hybrid_link)
+    bootstrap.grant_readers(secret_store, etcd, events_etcd, api_servers, node_pools)
+    if node_pools is not None:
+        node_pools.allow_resize(api_servers.identities)
+    deployment = Deployment(
+        ctx, pki, secret_store, secrets, user_data, network, etcd, events_etcd, api_servers, node_pools, hybrid_link,
+    )
     deployment.outputs = outputs.stack_outputs(ctx, pki, hybrid_link.sites if hybrid_link else None)
     # The add-ons (CNI, device plugin, autoscaler, policy, monitoring), applied
     # once the API answers; see docs/addons.md for why here and not at boot.

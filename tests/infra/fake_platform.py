@@ -1,4 +1,4 @@
-"""A FAKE cloud package for the core's tests: the five components of
+"""A FAKE cloud package for the core's tests: the six components of
 `corral/infra/platform.py`, each registering a few `fake:` resources.
 
 It lets the program, Pki, bootstrap and plan be tested on their own (what
@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 import pulumi
+
+from corral.infra.platform import SecretRef
 
 calls: dict[str, list[dict[str, Any]]] = {}
 
@@ -36,10 +38,39 @@ class Network(pulumi.ComponentResource):
         self.register_outputs({})
 
 
+class SecretStore(pulumi.ComponentResource):
+    """Secrets as `fake:index:Secret` resources, grants as `fake:index:Grant`."""
+
+    def __init__(self, name, ctx, opts=None):
+        super().__init__("corral:fake:SecretStore", name, None, opts)
+        self.prefix = ctx.cluster.name
+        self.cloud = ctx.cluster.control_plane.cloud  # the fetch script knows real clouds only
+        self.secrets: dict[str, pulumi.CustomResource] = {}
+        self.grants: list[tuple[str, str, str]] = []  # (key, reader, identity)
+        self.register_outputs({})
+
+    def ref(self, key):
+        return SecretRef(self.cloud, "fake-store", f"{self.prefix}-{key}")
+
+    def put(self, key, value):
+        self.secrets[key] = pulumi.CustomResource(
+            "fake:index:Secret", f"{self.prefix}-secret-{key}", {"value": value}, pulumi.ResourceOptions(parent=self),
+        )
+        return self.ref(key)
+
+    def grant(self, key, reader, identity):
+        self.grants.append((key, reader, identity))
+        pulumi.CustomResource(
+            "fake:index:Grant", f"{self.prefix}-secret-{key}-{reader}", {"secret": self.ref(key).name, "identity": identity},
+            pulumi.ResourceOptions(parent=self),
+        )
+
+
 class Etcd(pulumi.ComponentResource):
     def __init__(self, name, ctx, network, members, user_data, opts=None):
         super().__init__("corral:fake:Etcd", name, None, opts)
         _record("Etcd", name=name, members=list(members), user_data=list(user_data))
+        self.identities = {member.name: f"identity-{member.name}" for member in members}
         disk = ctx.cluster.control_plane.etcd.disk
         for member, document in zip(members, user_data, strict=True):
             pulumi.CustomResource(
@@ -59,6 +90,7 @@ class ApiServers(pulumi.ComponentResource):
     def __init__(self, name, ctx, network, user_data, opts=None):
         super().__init__("corral:fake:ApiServers", name, None, opts)
         _record("ApiServers", name=name, user_data=list(user_data))
+        self.identities = {server.name: "identity-apiservers" for server in ctx.layout.api_servers}
         for server, document in zip(ctx.layout.api_servers, user_data, strict=True):
             pulumi.CustomResource(
                 "fake:index:Vm", server.name,
@@ -76,6 +108,8 @@ class NodePools(pulumi.ComponentResource):
     def __init__(self, name, ctx, network, user_data, opts=None):
         super().__init__("corral:fake:NodePools", name, None, opts)
         _record("NodePools", name=name, user_data=dict(user_data))
+        self.identities = {pool.name: f"identity-pool-{pool.name}" for pool in ctx.cluster.cloud_pools}
+        self.resizers: dict = {}
         for pool in ctx.cluster.cloud_pools:
             pulumi.CustomResource(
                 "fake:index:Group", f"{ctx.cluster.name}-{pool.name}",
@@ -86,6 +120,9 @@ class NodePools(pulumi.ComponentResource):
         self.cloud_settings = {"ARM_SUBSCRIPTION_ID": "fake-sub", "ARM_RESOURCE_GROUP": "fake-rg",
                                "GCP_PROJECT": "fake-project"}
         self.register_outputs({})
+
+    def allow_resize(self, identities):
+        self.resizers = dict(identities)
 
 
 class HybridLink(pulumi.ComponentResource):

@@ -23,12 +23,13 @@ from corral.infra.bootstrap import (
     render_api_server_cloud_init,
     render_kubeadm_init_config,
 )
+from corral.infra.platform import SecretRef
 from corral.model import load_fleet
 from corral.model.layout import layout
 
 from .conftest import EXAMPLES
 from .test_aws import Plan, build, heron_with
-from .test_provider_ids import AWS_MACHINE, CP_TLS, DIGEST, TOKEN, fake_metadata_server, files_of  # noqa: F401
+from .test_provider_ids import AWS_MACHINE, TOKENS, fake_metadata_server, files_of, ref  # noqa: F401
 
 DNS_NAME = "internal-heron-api-0123456789.elb.us-west-2.amazonaws.com"
 
@@ -50,7 +51,7 @@ def heron_plan() -> Plan:
 def test_aws_certificate_names_every_load_balancer_address_and_its_dns_name(heron_plan: Plan):
     heron = heron_plan.cluster
     lay = layout(heron)
-    sans = cert_sans(render_kubeadm_init_config(heron, lay, TOKEN))
+    sans = cert_sans(render_kubeadm_init_config(heron, lay, TOKENS))
     (lb,) = heron_plan.of("aws:lb/loadBalancer:LoadBalancer")
     lb_addresses = [m["privateIpv4Address"] for m in lb.inputs["subnetMappings"]]
     assert len(lb_addresses) == len(lay.zones) == 3
@@ -78,8 +79,8 @@ def test_aws_api_servers_carry_the_load_balancer_dns_name_in_readable_tags(heron
 def test_single_vip_clouds_name_their_vip_only(name):
     cluster = example(name)
     lay = layout(cluster)
-    assert cert_sans(render_kubeadm_init_config(cluster, lay, TOKEN)) == [lay.api_vip]
-    files = files_of(render_api_server_cloud_init(cluster, lay, 0, CP_TLS, TOKEN, DIGEST))
+    assert cert_sans(render_kubeadm_init_config(cluster, lay, TOKENS)) == [lay.api_vip]
+    files = files_of(render_api_server_cloud_init(cluster, lay, 0, ref(cluster)))
     assert API_DNS_NAME_SCRIPT not in files
     assert API_DNS_SAN_PLACEHOLDER not in files["/usr/local/sbin/corral-api-server"]["content"]
 
@@ -119,11 +120,11 @@ def test_api_server_boot_fills_the_dns_name_and_provider_id_into_its_kubeadm_con
     state.values[f"aws:tags/instance/{API_DNS_NAME_TAG}"] = DNS_NAME
     heron = example("heron")
     lay = layout(heron)
-    files = files_of(render_api_server_cloud_init(heron, lay, 0, CP_TLS, TOKEN, DIGEST))
+    files = files_of(render_api_server_cloud_init(heron, lay, 0, ref(heron)))
     kubeadm_dir, sbin = tmp_path / "kubeadm", tmp_path / "sbin"
     kubeadm_dir.mkdir(), sbin.mkdir()
     init = kubeadm_dir / "init.yaml"
-    init.write_text(render_kubeadm_init_config(heron, lay, TOKEN))  # the config `kubeadm init` reads
+    init.write_text(render_kubeadm_init_config(heron, lay, TOKENS))  # the config `kubeadm init` reads
     for path, file in files.items():
         if path.startswith(bootstrap.KUBEADM_DIR + "/") and path.endswith(".yaml"):
             (kubeadm_dir / Path(path).name).write_text(file["content"])
@@ -134,6 +135,8 @@ def test_api_server_boot_fills_the_dns_name_and_provider_id_into_its_kubeadm_con
         script.chmod(0o755)
     boot = files["/usr/local/sbin/corral-api-server"]["content"]
     before_services = boot[: boot.index("systemctl ")]
+    # Without the exit trap that removes the token and init config: this test reads them after.
+    before_services = "\n".join(line for line in before_services.splitlines() if not line.startswith("trap "))
     before_services = before_services.replace(bootstrap.KUBEADM_DIR, str(kubeadm_dir)).replace("/usr/local/sbin/", f"{sbin}/")
     env = {"PATH": os.environ["PATH"], "no_proxy": "*", "NO_PROXY": "*"}
     result = subprocess.run(["bash", "-c", before_services], capture_output=True, text=True, timeout=120, env=env)

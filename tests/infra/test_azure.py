@@ -20,7 +20,7 @@ import pulumi
 import pytest
 
 from corral.infra import azure as az
-from corral.infra import platform
+from corral.infra import bootstrap, platform
 from corral.infra.azure import common, hybridlink, nodepools
 from corral.infra.azure import network as az_network
 from corral.model.layout import node_group_name
@@ -59,7 +59,8 @@ class Plan:
 
 
 def user_data_for(name: str) -> pulumi.Output[str]:
-    return pulumi.Output.secret(f"#cloud-config\n# {name}\n")
+    """Stand-in user data: plain, as the program's (references to secrets, never secrets)."""
+    return pulumi.Output.from_input(f"#cloud-config\n# {name}\n")
 
 
 def build(ctx: platform.ClusterContext) -> dict:
@@ -76,6 +77,14 @@ def build(ctx: platform.ClusterContext) -> dict:
                          {p.name: user_data_for(p.name) for p in ctx.cluster.cloud_pools})
     link = az.HybridLink("hybrid", ctx, net,
                          {s.name: pulumi.Output.secret(f"psk-{s.name}") for s in ctx.cluster.sites if s.vpn})
+    # The secret store as the program fills it: one secret per machine role, then the grants.
+    store = az.SecretStore("secrets", ctx)
+    keys = [bootstrap.etcd_secret_key(m.name) for m in (*lay.etcd_members, *lay.events_members)]
+    keys += [bootstrap.APISERVER_SECRET, *(bootstrap.pool_secret_key(p.name) for p in ctx.cluster.cloud_pools)]
+    for key in keys:
+        store.put(key, pulumi.Output.secret(f"value of {key}"))
+    bootstrap.grant_readers(store, etcd, events, api, pools)
+    pools.allow_resize(api.identities)
     return {
         "sites": link.sites,
         "control_subnet_ids": net.control_subnet_ids,
@@ -161,6 +170,7 @@ def test_components_have_the_platform_signatures():
         "ApiServers": ["name", "ctx", "network", "user_data", "opts"],
         "NodePools": ["name", "ctx", "network", "user_data", "opts"],
         "HybridLink": ["name", "ctx", "network", "shared_keys", "opts"],
+        "SecretStore": ["name", "ctx", "opts"],
     }
     assert set(expected) == set(platform.COMPONENTS)
     for name, params in expected.items():
@@ -185,7 +195,8 @@ def test_names_location_and_tags(jaguar: Plan):
             continue
         assert r.name.startswith("jaguar-"), r.name
         if r.type.startswith("azure-native:") and r.type not in (
-                "azure-native:network:Subnet", "azure-native:authorization:RoleAssignment"):
+                "azure-native:network:Subnet", "azure-native:authorization:RoleAssignment",
+                "azure-native:keyvault:Secret"):  # a vault's child: the vault's location
             assert r.inputs.get("location") == REGION, r.name
             tags = r.inputs.get("tags")
             assert tags["corral-cluster"] == "jaguar" and tags["managed-by"] == "corral", r.name
@@ -424,14 +435,15 @@ def test_dedicated_events_cluster_gets_its_own_members(varied: Plan):
     assert len(varied.outputs["events_disks"]) == len(lay.events_members)
 
 
-def test_custom_data_is_secret_base64_of_user_data(jaguar: Plan):
+def test_custom_data_is_base64_of_user_data_and_not_secret(jaguar: Plan):
+    """customData holds references to the secret store, never a secret: shown in plans."""
     for m in jaguar.ctx.layout.etcd_members:
         vm = jaguar.one("compute:VirtualMachine", m.name)
         profile = vm.inputs["osProfile"]
-        assert isinstance(profile, Secret)
-        decoded = base64.b64decode(profile.value["customData"]).decode()
+        assert not isinstance(profile, Secret)
+        decoded = base64.b64decode(profile["customData"]).decode()
         assert decoded == f"#cloud-config\n# {m.name}\n"
-        assert profile.value["linuxConfiguration"]["disablePasswordAuthentication"] is True
+        assert profile["linuxConfiguration"]["disablePasswordAuthentication"] is True
 
 
 def test_custom_data_is_gzipped_only_when_too_large():
@@ -480,25 +492,63 @@ def test_api_servers_behind_internal_standard_lb(jaguar: Plan):
     assert jaguar.outputs["api_endpoint"] == f"{lay.api_vip}:6443"
 
 
-def test_api_servers_may_drive_the_scale_sets(jaguar: Plan):
-    """cluster-autoscaler runs on the control plane with the VM's managed identity."""
+SUBSCRIPTION = "/subscriptions/00000000-0000-0000-0000-000000000000"
+VM_CONTRIBUTOR = f"{SUBSCRIPTION}/providers/Microsoft.Authorization/roleDefinitions/9980e02c-c2be-4d73-94e8-173b1dc7cf3c"
+SECRETS_USER = f"{SUBSCRIPTION}/providers/Microsoft.Authorization/roleDefinitions/4633458b-17de-408a-b874-0445c86b69e6"
+
+
+def test_api_servers_may_drive_the_scale_sets_and_nothing_else(jaguar: Plan):
+    """cluster-autoscaler runs on the control plane with the VM's managed identity:
+    Virtual Machine Contributor on each scale set, never on the resource group
+    that holds etcd's VMs and disks."""
     roles = jaguar.of("authorization:RoleAssignment")
-    assert len(roles) == len(jaguar.ctx.layout.api_servers)
-    rg_id = "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/jaguar-rg"
-    for m in jaguar.ctx.layout.api_servers:
+    resize = [r for r in roles if r.inputs["roleDefinitionId"] == VM_CONTRIBUTOR]
+    scale_sets = jaguar.of("compute:VirtualMachineScaleSet")
+    api = jaguar.ctx.layout.api_servers
+    assert len(resize) == len(scale_sets) * len(api)
+    api_principals = {f"principal-{m.name}" for m in api}
+    for m in api:
         vm = jaguar.one("compute:VirtualMachine", m.name)
         assert vm.inputs["identity"] == {"type": "SystemAssigned"}
-        role = jaguar.one("authorization:RoleAssignment", f"{m.name}-autoscaler-role")
-        assert role.inputs["principalId"] == f"principal-{m.name}"
-        assert role.inputs["scope"] == rg_id  # the cluster's resource group, nothing wider
-        assert role.inputs["roleDefinitionId"] == (
-            "/subscriptions/00000000-0000-0000-0000-000000000000/providers/Microsoft.Authorization"
-            "/roleDefinitions/9980e02c-c2be-4d73-94e8-173b1dc7cf3c")
-        assert re.fullmatch(r"[0-9a-f-]{36}", role.inputs["roleAssignmentName"])
+    set_ids = {f"/mock/azure-native:compute:VirtualMachineScaleSet/{s.name}" for s in scale_sets}
+    assert {(r.inputs["scope"], r.inputs["principalId"]) for r in resize} == {
+        (scope, principal) for scope in set_ids for principal in api_principals
+    }
+    # Only the two roles exist, and none is assigned on a resource group or wider.
+    assert {r.inputs["roleDefinitionId"] for r in roles} == {VM_CONTRIBUTOR, SECRETS_USER}
+    assert not [r for r in roles if "/resourceGroups/" in r.inputs["scope"] and "/providers/" not in r.inputs["scope"]]
+    for r in roles:
+        assert re.fullmatch(r"[0-9a-f-]{36}", r.inputs["roleAssignmentName"])
     assert len({r.inputs["roleAssignmentName"] for r in roles}) == len(roles)
-    for m in jaguar.ctx.layout.etcd_members:  # etcd members get no identity
-        assert "identity" not in jaguar.one("compute:VirtualMachine", m.name).inputs
+    for m in jaguar.ctx.layout.etcd_members:  # etcd members: an identity of their own, no resize right
+        assert jaguar.one("compute:VirtualMachine", m.name).inputs["identity"] == {"type": "SystemAssigned"}
+        assert f"principal-{m.name}" not in {r.inputs["principalId"] for r in resize}
     assert jaguar.outputs["subscription_id"] == "00000000-0000-0000-0000-000000000000"
+
+
+def test_key_vault_secret_per_role_readable_by_that_role_only(jaguar: Plan):
+    """Key Vault with RBAC; each secret's one read grant ("Key Vault Secrets User",
+    on the secret itself) names exactly the identity of the machines of that role."""
+    (vault,) = jaguar.of("keyvault:Vault")
+    assert vault.inputs["properties"]["enableRbacAuthorization"] is True
+    assert vault.inputs["vaultName"] == az.secrets.vault_name(jaguar.ctx)
+    assert 3 <= len(vault.inputs["vaultName"]) <= 24
+    (group,) = [g for g in jaguar.of("resources:ResourceGroup") if g.name == "jaguar-secrets-rg"]
+    assert vault.inputs["resourceGroupName"] == group.inputs["resourceGroupName"]
+    secrets = {s.inputs["secretName"]: s for s in jaguar.of("keyvault:Secret")}
+    lay = jaguar.ctx.layout
+    pool_identity = {p.name: f"principal-jaguar-{p.name}-identity" for p in jaguar.ctx.cluster.cloud_pools}
+    expected = {f"jaguar-{bootstrap.etcd_secret_key(m.name)}": {f"principal-{m.name}"} for m in lay.etcd_members}
+    expected["jaguar-apiserver"] = {f"principal-{m.name}" for m in lay.api_servers}
+    expected.update({f"jaguar-pool-{pool}": {principal} for pool, principal in pool_identity.items()})
+    assert set(secrets) == set(expected)
+    assert all(isinstance(s.inputs["properties"], Secret) for s in secrets.values())  # the value inside
+    grants = [r for r in jaguar.of("authorization:RoleAssignment") if r.inputs["roleDefinitionId"] == SECRETS_USER]
+    readers: dict[str, set[str]] = {}
+    for grant in grants:
+        secret_name = grant.inputs["scope"].rsplit("/", 1)[-1]
+        readers.setdefault(f"jaguar-{secret_name.removeprefix('jaguar-secret-')}", set()).add(grant.inputs["principalId"])
+    assert readers == expected
 
 
 def test_no_public_address_on_any_machine(jaguar: Plan):
@@ -536,7 +586,7 @@ def test_scale_set_per_cloud_pool_and_zone_with_autoscaler_tags(jaguar: Plan):
     assert jaguar.outputs["discovery"] == "label:cluster-autoscaler-enabled=true,cluster-autoscaler-name=jaguar"
     profile = _vmss_profile(vmss)
     assert profile["priority"] == "Regular" and "evictionPolicy" not in profile
-    assert isinstance(vmss.inputs["virtualMachineProfile"], Secret)  # custom data inside
+    assert not isinstance(vmss.inputs["virtualMachineProfile"], Secret)  # no secret inside
     assert base64.b64decode(profile["osProfile"]["customData"]).decode() == "#cloud-config\n# cpu-d64\n"
     (nic,) = profile["networkProfile"]["networkInterfaceConfigurations"]
     assert nic["enableIPForwarding"] is True
@@ -748,7 +798,7 @@ def test_program_plan_of_jaguar(jaguar_plan):
     assert len(by_type["azure-native:network:VirtualNetworkGatewayConnection"]) == 1
     # The cloud-init holds private keys: never in the plan.
     for vm in by_type["azure-native:compute:VirtualMachine"]:
-        profile = vm["inputs"]["osProfile"]
-        assert profile == "[secret]" or profile["customData"] == "[secret]"
+        text = base64.b64decode(vm["inputs"]["osProfile"]["customData"]).decode()
+        assert text.startswith("#cloud-config") and "corral-fetch-secrets" in text and "PRIVATE KEY" not in text
     text = jaguar_plan.to_json()
     assert "PRIVATE KEY" not in text

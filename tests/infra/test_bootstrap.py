@@ -11,18 +11,27 @@ from corral.infra import bootstrap
 from corral.infra.bootstrap import (
     ControlPlaneTls,
     EtcdMemberTls,
+    JoinToken,
+    api_server_secret_files,
+    etcd_secret_files,
+    pool_secret_files,
     render_api_server_cloud_init,
     render_etcd_cloud_init,
     render_pool_cloud_init,
     render_scheduler_config,
 )
+from corral.infra.platform import SecretRef
 from corral.model import load_fleet
 from corral.model.layout import layout
 
 from .conftest import EXAMPLES
 
 TOKEN = "abcdef.0123456789abcdef"
+POOL_TOKEN = "pooltk.0123456789poolxx"
 DIGEST = "sha256:" + "ab" * 32
+ENCRYPTION_KEY = "c2VjcmV0Ym94LWtleS0zMi1ieXRlcy1sb25nLi4uLi4="
+REF = SecretRef("aws", "us-west-2", "corral/test/role")
+FETCH = "/usr/local/sbin/corral-fetch-secrets"
 
 
 def pem(kind: str, label: str) -> str:
@@ -52,6 +61,18 @@ def cloud_config(text: str) -> tuple[dict[str, dict], list[str]]:
     return {f["path"]: f for f in document["write_files"]}, document["runcmd"]
 
 
+def secret(files) -> dict[str, dict]:
+    """A secret bundle's files in cloud_config's shape (path -> content, permissions), packed and unpacked."""
+    unpacked = bootstrap.unbundle(bootstrap.bundle(files))
+    return {path: {"content": f.content, "permissions": f.mode} for path, f in unpacked.items()}
+
+
+def etcd_member(cluster, member, members, tls=None, events=False):
+    """The member's user data files and commands, and its secret's files."""
+    files, commands = cloud_config(render_etcd_cloud_init(cluster, member, members, REF, events))
+    return files, commands, secret(etcd_secret_files(tls or ETCD_TLS))
+
+
 def docs(text: str) -> dict[str, dict]:
     return {d["kind"]: d for d in yaml.safe_load_all(text) if d}
 
@@ -69,7 +90,7 @@ def test_etcd_member_config(cluster_variant):
     jaguar = cluster_variant("jaguar", {"members: 5 ": "members: 5\n    quotaBackendGiB: 6 "})
     lay = layout(jaguar)
     member = lay.etcd_members[2]
-    files, commands = cloud_config(render_etcd_cloud_init(jaguar, member, lay.etcd_members, ETCD_TLS))
+    files, commands, keys = etcd_member(jaguar, member, lay.etcd_members)
     config = yaml.safe_load(files["/etc/etcd/etcd.conf.yaml"]["content"])
     assert config["name"] == "jaguar-etcd-2"
     assert config["data-dir"] == "/var/lib/etcd"
@@ -81,17 +102,18 @@ def test_etcd_member_config(cluster_variant):
     for section in ("client-transport-security", "peer-transport-security"):
         assert config[section]["client-cert-auth"] is True
         assert config[section]["trusted-ca-file"] == "/etc/etcd/pki/ca.crt"
-    assert files["/etc/etcd/pki/server.key"]["permissions"] == "0600"
-    assert files["/etc/etcd/pki/peer.key"]["content"] == ETCD_TLS.peer_key
+    assert keys["/etc/etcd/pki/server.key"]["permissions"] == "0600"
+    assert keys["/etc/etcd/pki/peer.key"]["content"] == ETCD_TLS.peer_key
+    assert not any(path.startswith("/etc/etcd/pki/") for path in files)  # keys never in user data
     unit = files["/etc/systemd/system/etcd.service"]["content"]
     assert "RequiresMountsFor=/var/lib/etcd" in unit and "--config-file /etc/etcd/etcd.conf.yaml" in unit
-    assert commands == ["/usr/local/sbin/corral-etcd-data-disk", "/usr/local/sbin/corral-install-etcd"]
+    assert commands == [FETCH, "/usr/local/sbin/corral-etcd-data-disk", "/usr/local/sbin/corral-install-etcd"]
 
 
 def test_events_members_are_their_own_etcd_cluster(cluster_variant):
     jaguar = cluster_variant("jaguar", {"members: 5 ": "members: 5\n    dedicatedEventsCluster: true "})
     lay = layout(jaguar)
-    files, _ = cloud_config(render_etcd_cloud_init(jaguar, lay.events_members[0], lay.events_members, ETCD_TLS, events=True))
+    files, _, _ = etcd_member(jaguar, lay.events_members[0], lay.events_members, events=True)
     config = yaml.safe_load(files["/etc/etcd/etcd.conf.yaml"]["content"])
     assert config["initial-cluster-token"] == "jaguar-etcd-events"
     assert "jaguar-etcd-0=" not in config["initial-cluster"]
@@ -106,7 +128,7 @@ def test_events_members_are_their_own_etcd_cluster(cluster_variant):
 def test_data_disk_found_by_stable_path_and_never_reformatted(name, device):
     cluster = example(name)
     lay = layout(cluster)
-    files, _ = cloud_config(render_etcd_cloud_init(cluster, lay.etcd_members[0], lay.etcd_members, ETCD_TLS))
+    files, _, _ = etcd_member(cluster, lay.etcd_members[0], lay.etcd_members)
     script = files["/usr/local/sbin/corral-etcd-data-disk"]["content"]
     assert device in script
     # mkfs only when blkid finds no filesystem; fstab by UUID, mounted at /var/lib/etcd.
@@ -127,9 +149,17 @@ def test_disk_paths_match_the_cloud_packages():
 # --- API servers ----------------------------------------------------------------------
 
 
-def api_server(cluster, index: int = 0):
+TOKENS = [JoinToken(TOKEN, "API servers"), JoinToken(POOL_TOKEN, "a pool")]
+
+
+def api_server(cluster, index: int = 0, with_secret: bool = True):
+    """API server `index`'s user data files (and, merged in, the API servers' secret's files), commands."""
     lay = layout(cluster)
-    files, commands = cloud_config(render_api_server_cloud_init(cluster, lay, index, CP_TLS, TOKEN, DIGEST))
+    files, commands = cloud_config(render_api_server_cloud_init(cluster, lay, index, REF))
+    if with_secret:
+        keys = secret(api_server_secret_files(cluster, lay, CP_TLS, TOKENS, DIGEST, ENCRYPTION_KEY))
+        assert not set(keys) & set(files)
+        files = {**files, **keys}
     return lay, files, commands
 
 
@@ -140,7 +170,8 @@ def test_first_api_server_inits_with_external_etcd_and_large_cluster_flags():
     assert files["/etc/kubernetes/kubeadm/init.yaml"]["permissions"] == "0600"
     init = kubeadm["InitConfiguration"]
     assert init["apiVersion"] == "kubeadm.k8s.io/v1beta4"
-    assert init["bootstrapTokens"][0]["token"] == TOKEN
+    assert [t["token"] for t in init["bootstrapTokens"]] == [TOKEN, POOL_TOKEN]
+    assert {t["ttl"] for t in init["bootstrapTokens"]} == {"24h0m0s"}  # tokens expire
     assert init["localAPIEndpoint"]["advertiseAddress"] == lay.api_servers[0].ip
     cluster_config = kubeadm["ClusterConfiguration"]
     assert cluster_config["controlPlaneEndpoint"] == lay.api_endpoint
@@ -161,7 +192,7 @@ def test_first_api_server_inits_with_external_etcd_and_large_cluster_flags():
     init_at, join_at = script.index("kubeadm init --config /etc/kubernetes/kubeadm/init.yaml"), script.index("kubeadm join")
     assert script.index('if [ -z "$ENDPOINT" ]') < init_at < script.index("exit 0") < join_at
     assert docs(files["/etc/kubernetes/kubeadm/join.yaml"]["content"])["JoinConfiguration"]["controlPlane"]
-    assert commands == ["/usr/local/sbin/corral-api-server"]
+    assert commands == [FETCH, "/usr/local/sbin/corral-api-server"]
 
 
 def test_pre_issued_keys_go_to_kubeadms_pki_dir():
@@ -188,16 +219,19 @@ def test_events_override_points_at_the_events_members(cluster_variant):
 
 def test_other_api_servers_join_the_control_plane():
     heron = example("heron")  # Kubernetes 1.30: kubeadm v1beta3
-    lay, files, _ = api_server(heron, 2)
+    lay, files, _ = api_server(heron, 2, with_secret=False)
     assert "/etc/kubernetes/kubeadm/init.yaml" not in files
     join = docs(files["/etc/kubernetes/kubeadm/join.yaml"]["content"])
     assert set(join) == {"JoinConfiguration"}
     config = join["JoinConfiguration"]
     assert config["apiVersion"] == "kubeadm.k8s.io/v1beta3"
     assert config["controlPlane"]["localAPIEndpoint"]["advertiseAddress"] == lay.api_servers[2].ip
-    assert config["discovery"]["bootstrapToken"]["caCertHashes"] == [DIGEST]
+    # The token and the CA pin are filled in at boot from the fetched secret.
+    assert config["discovery"]["bootstrapToken"]["token"] == bootstrap.TOKEN_PLACEHOLDER
+    assert config["discovery"]["bootstrapToken"]["caCertHashes"] == [bootstrap.CA_HASH_PLACEHOLDER]
     script = files["/usr/local/sbin/corral-api-server"]["content"]
-    assert "kubeadm join --config /etc/kubernetes/kubeadm/join.yaml" in script and "kubeadm init" not in script
+    assert 'kubeadm join --config "$JOIN_CONFIG"' in script and "kubeadm init" not in script
+    assert f"$(cat {bootstrap.TOKEN_FILE})" in script and f"$(cat {bootstrap.CA_HASH_FILE})" in script
     # Discovery through any peer already up, never through itself.
     peers = script.split("for ip in ")[1].split(";")[0].split()
     assert peers == [lay.api_servers[0].ip, lay.api_servers[1].ip]
@@ -269,14 +303,23 @@ def test_pool_nodes_join_with_the_shared_template_and_their_labels_and_taints():
     heron = example("heron")
     lay = layout(heron)
     pool = heron.pool("gpu-a10g-inference")
-    files, commands = cloud_config(render_pool_cloud_init(heron, lay, pool, TOKEN, DIGEST))
+    files, commands = cloud_config(render_pool_cloud_init(heron, lay, pool, REF))
     join_file = files["/etc/kubernetes/kubeadm/join.yaml"]
     assert join_file["permissions"] == "0600"
     assert "join-configuration.yaml.j2" in join_file["content"]  # the shared template's banner
     join = yaml.safe_load(join_file["content"])
     assert join["kind"] == "JoinConfiguration"
     discovery = join["discovery"]["bootstrapToken"]
-    assert discovery == {"apiServerEndpoint": lay.api_endpoint, "token": TOKEN, "caCertHashes": [DIGEST]}
+    assert discovery == {
+        "apiServerEndpoint": lay.api_endpoint,
+        "token": bootstrap.TOKEN_PLACEHOLDER, "caCertHashes": [bootstrap.CA_HASH_PLACEHOLDER],
+    }
+    # What the placeholders are filled from: the pool's own secret.
+    keys = secret(pool_secret_files(POOL_TOKEN, DIGEST))
+    assert keys == {
+        bootstrap.TOKEN_FILE: {"content": POOL_TOKEN + "\n", "permissions": "0600"},
+        bootstrap.CA_HASH_FILE: {"content": DIGEST + "\n", "permissions": "0600"},
+    }
     registration = join["nodeRegistration"]
     assert registration["name"] == bootstrap.NODE_NAME_PLACEHOLDER
     labels = dict(item.split("=", 1) for item in registration["kubeletExtraArgs"]["node-labels"].split(","))
@@ -286,13 +329,15 @@ def test_pool_nodes_join_with_the_shared_template_and_their_labels_and_taints():
     assert ("corral.dev/team", "inference", "NoSchedule") in taints
     assert ("nvidia.com/gpu", "present", "NoSchedule") in taints
     script = files["/usr/local/sbin/corral-pool-node"]["content"]
-    assert bootstrap.NODE_NAME_PLACEHOLDER in script and "kubeadm join --config" in script
-    assert commands == ["/usr/local/sbin/corral-pool-node"]
+    assert bootstrap.NODE_NAME_PLACEHOLDER in script and 'kubeadm join --config "$JOIN_CONFIG"' in script
+    # The token and everything holding it leave the disk when the script ends.
+    assert f'trap \'rm -f "$JOIN_CONFIG" {bootstrap.TOKEN_FILE}' in script
+    assert commands == [FETCH, "/usr/local/sbin/corral-pool-node"]
 
 
 def test_nodes_get_the_clusters_arp_thresholds_and_pinned_kubernetes():
     jaguar = example("jaguar")
-    files, _ = cloud_config(render_pool_cloud_init(jaguar, layout(jaguar), jaguar.pool("cpu-d64"), TOKEN, DIGEST))
+    files, _ = cloud_config(render_pool_cloud_init(jaguar, layout(jaguar), jaguar.pool("cpu-d64"), REF))
     sysctl = files["/etc/sysctl.d/90-corral.conf"]["content"]
     assert "net.ipv4.neigh.default.gc_thresh3 = 100000" in sysctl
     prep = files["/usr/local/sbin/corral-node-prep"]["content"]
@@ -305,8 +350,8 @@ def test_cloud_init_stays_valid_yaml_with_awkward_values(cluster_variant):
     heron = example("heron")
     lay = layout(heron)
     awkward = EtcdMemberTls(*(['a: "b" # c\n  - d: {e}\n'] * 5))
-    files, _ = cloud_config(render_etcd_cloud_init(heron, lay.etcd_members[0], lay.etcd_members, awkward))
-    assert files["/etc/etcd/pki/server.key"]["content"] == 'a: "b" # c\n  - d: {e}\n'
+    _, _, keys = etcd_member(heron, lay.etcd_members[0], lay.etcd_members, awkward)
+    assert keys["/etc/etcd/pki/server.key"]["content"] == 'a: "b" # c\n  - d: {e}\n'
 
 
 @pytest.mark.parametrize("name", ["jaguar", "heron", "ibis"])
@@ -315,11 +360,12 @@ def test_every_boot_script_is_valid_bash(name, tmp_path):
 
     cluster = example(name)
     lay = layout(cluster)
+    ref = SecretRef(cluster.control_plane.cloud, "store", f"{name}-role")
     documents = [
-        render_etcd_cloud_init(cluster, lay.etcd_members[0], lay.etcd_members, ETCD_TLS),
-        render_api_server_cloud_init(cluster, lay, 0, CP_TLS, TOKEN, DIGEST),
-        render_api_server_cloud_init(cluster, lay, 1, CP_TLS, TOKEN, DIGEST),
-        render_pool_cloud_init(cluster, lay, cluster.cloud_pools[0], TOKEN, DIGEST),
+        render_etcd_cloud_init(cluster, lay.etcd_members[0], lay.etcd_members, ref),
+        render_api_server_cloud_init(cluster, lay, 0, ref),
+        render_api_server_cloud_init(cluster, lay, 1, ref),
+        render_pool_cloud_init(cluster, lay, cluster.cloud_pools[0], ref),
     ]
     scripts = [
         (path, file["content"])
@@ -327,10 +373,11 @@ def test_every_boot_script_is_valid_bash(name, tmp_path):
         for path, file in cloud_config(document)[0].items()
         if file["content"].startswith("#!/bin/bash")
     ]
-    # data disk + install etcd; per API server: node-prep, provider ID, hairpin, its script
-    # (on AWS also the API load balancer's DNS name); pool: node-prep, provider ID, its script.
-    per_api_server = 5 if cluster.control_plane.cloud == "aws" else 4
-    assert len(scripts) == 2 + 2 * per_api_server + 3
+    # Every machine: fetch-secrets; etcd: data disk + install etcd; per API server:
+    # node-prep, provider ID, hairpin, its script (on AWS also the API load
+    # balancer's DNS name); pool: node-prep, provider ID, its script.
+    per_api_server = 1 + (5 if cluster.control_plane.cloud == "aws" else 4)
+    assert len(scripts) == (1 + 2) + 2 * per_api_server + (1 + 3)
     for number, (path, text) in enumerate(scripts):
         script = tmp_path / f"{number}.sh"
         script.write_text(text)

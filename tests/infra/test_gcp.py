@@ -27,6 +27,7 @@ from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 from ruamel.yaml import YAML
 
+from corral.infra import bootstrap
 from corral.infra.platform import ClusterContext
 from corral.model import load_cluster
 from corral.model.layout import node_group_name
@@ -60,6 +61,10 @@ class GcpMocks(pulumi.runtime.Mocks):
         if kind == "Account":  # a service account
             state["email"] = f"{args.inputs['accountId']}@{PROJECT}.iam.gserviceaccount.com"
             state["project"] = PROJECT
+        if kind == "IAMCustomRole":
+            state["name"] = f"projects/{PROJECT}/roles/{args.inputs['roleId']}"
+        if kind == "Secret" and "secretId" in args.inputs:  # Secret Manager's id
+            return f"projects/{PROJECT}/secrets/{args.inputs['secretId']}", state
         if kind == "HaVpnGateway":
             state["vpnInterfaces"] = [{"id": i, "ipAddress": ip} for i, ip in enumerate(HA_VPN_ADDRESSES)]
         return f"{name}-id", state
@@ -195,8 +200,15 @@ def full_program(cluster):
         pools = gcp.NodePools("nodepools", ctx, network, {p.name: f"#cloud-config {p.name}" for p in cluster.cloud_pools})
         link = gcp.HybridLink("hybrid", ctx, network,
                               {s.name: pulumi.Output.secret(f"psk-{s.name}") for s in cluster.sites if s.vpn})
+        # The secret store as the program fills it: one secret per machine role, then the grants.
+        store = gcp.SecretStore("secrets", ctx)
+        keys = [bootstrap.etcd_secret_key(m.name) for m in (*lay.etcd_members, *lay.events_members)]
+        keys += [bootstrap.APISERVER_SECRET, *(bootstrap.pool_secret_key(p.name) for p in cluster.cloud_pools)]
+        for key in keys:
+            store.put(key, pulumi.Output.secret(f"value of {key}"))
+        bootstrap.grant_readers(store, etcd, events, api, pools)
         return {"ctx": ctx, "network": network, "etcd": etcd, "events": events, "api": api,
-                "pools": pools, "link": link}
+                "pools": pools, "link": link, "store": store}
 
     return program
 
@@ -223,6 +235,7 @@ def test_components_have_the_contract_type_tokens(ibis):
         "apiservers": "corral:gcp:ApiServers",
         "nodepools": "corral:gcp:NodePools",
         "hybrid": "corral:gcp:HybridLink",
+        "secrets": "corral:gcp:SecretStore",
     }
 
 
@@ -261,30 +274,79 @@ def test_component_signatures_match_the_contract():
 
 
 def test_autoscaler_identity_on_api_servers_only(ibis):
-    """cluster-autoscaler runs on the API servers (manifests) as their
-    service account, which may administer the project's instances (the
-    pools' MIGs); pool nodes and etcd members get no such account."""
+    """cluster-autoscaler runs on the API servers (manifests) as their service
+    account: read on the project, resize only on this cluster's pool MIGs (an
+    IAM condition naming each). Every etcd member and pool has an account of
+    its own that holds no project role at all."""
     cluster, rec, parts = ibis
     account = rec.named("ibis-apiserver", "Account")
     assert account.inputs["accountId"] == "ibis-apiserver" and 6 <= len("ibis-apiserver") <= 30
     email = f"ibis-apiserver@{PROJECT}.iam.gserviceaccount.com"
-    member = rec.named("ibis-apiserver-autoscaler", "IAMMember")
-    assert member.inputs["role"] == "roles/compute.instanceAdmin.v1"
-    assert member.inputs["member"] == f"serviceAccount:{email}"
-    assert member.inputs["project"] == PROJECT
+    read = rec.named("ibis-autoscaler-read", "IAMCustomRole").inputs
+    resize = rec.named("ibis-autoscaler-resize", "IAMCustomRole").inputs
+    assert read["roleId"] == "corral_ibis_autoscaler_read" and resize["roleId"] == "corral_ibis_autoscaler_resize"
+    assert resize["permissions"] == ["compute.instanceGroupManagers.update"]  # the only write
+    assert sorted(read["permissions"]) == sorted([
+        "compute.instanceGroupManagers.get", "compute.instanceGroupManagers.list",
+        "compute.instanceGroups.get", "compute.instanceGroups.list",
+        "compute.instances.get", "compute.instances.list",
+        "compute.instanceTemplates.get", "compute.instanceTemplates.list",
+        "compute.machineTypes.get", "compute.machineTypes.list", "compute.zones.list",
+    ])
+    assert all(p.rsplit(".", 1)[1] in ("get", "list") for p in read["permissions"])
+    members = {m.name: m.inputs for m in rec.registered if m.type == "gcp:projects/iAMMember:IAMMember"}
+    assert set(members) == {"ibis-apiserver-autoscaler-read", "ibis-apiserver-autoscaler-resize"}
+    for member in members.values():
+        assert member["member"] == f"serviceAccount:{email}" and member["project"] == PROJECT
+    # The custom roles, never a predefined (broad) one.
+    assert members["ibis-apiserver-autoscaler-read"]["role"] == f"projects/{PROJECT}/roles/corral_ibis_autoscaler_read"
+    assert members["ibis-apiserver-autoscaler-resize"]["role"] == f"projects/{PROJECT}/roles/corral_ibis_autoscaler_resize"
+    assert "condition" not in members["ibis-apiserver-autoscaler-read"]
+    condition = members["ibis-apiserver-autoscaler-resize"]["condition"]["expression"]
+    migs = [g["mig"] for info in parts["pools"].groups.values() for g in info["zones"].values()]
+    assert condition == " || ".join(f'resource.name.endsWith("/instanceGroupManagers/{m}")' for m in migs)
     api_names = {m.name for m in parts["ctx"].layout.api_servers}
     instances = rec.of_type("Instance")
     assert {i.inputs["name"] for i in instances} >= api_names
     for instance in instances:
-        accounts = instance.inputs.get("serviceAccount")
-        if instance.inputs["name"] in api_names:
-            assert accounts["email"] == email
-            assert accounts["scopes"] == ["https://www.googleapis.com/auth/cloud-platform"]
-        else:
-            assert accounts is None, instance.inputs["name"]
+        accounts = instance.inputs["serviceAccount"]
+        own = "ibis-apiserver" if instance.inputs["name"] in api_names else instance.inputs["name"]
+        assert accounts["email"] == f"{own}@{PROJECT}.iam.gserviceaccount.com", instance.inputs["name"]
+        assert accounts["scopes"] == ["https://www.googleapis.com/auth/cloud-platform"]
     for template in rec.of_type("InstanceTemplate"):
-        assert "serviceAccount" not in template.inputs, template.name
+        pool = template.inputs["labels"]["corral-pool"]
+        assert template.inputs["serviceAccount"]["email"] == f"ibis-pool-{pool}@{PROJECT}.iam.gserviceaccount.com"
 
+
+
+def test_one_secret_per_machine_role_read_only_by_that_role(ibis):
+    """Secret Manager: a secret per etcd member, the API servers and each pool,
+    in the cluster's region, each readable by exactly one service account."""
+    cluster, rec, parts = ibis
+    lay = parts["ctx"].layout
+    owner = {f"ibis-{bootstrap.etcd_secret_key(m.name)}": m.name for m in lay.etcd_members}
+    owner["ibis-apiserver"] = "ibis-apiserver"
+    owner.update({f"ibis-pool-{p.name}": f"ibis-pool-{p.name}" for p in cluster.cloud_pools})
+    def of(kind: str) -> list:
+        return [r for r in rec.registered if r.type == f"gcp:secretmanager/{kind[0].lower() + kind[1:]}:{kind}"]
+
+    secrets = {r.inputs["secretId"]: r for r in of("Secret")}
+    assert set(secrets) == set(owner)
+    for secret in secrets.values():
+        assert secret.inputs["replication"] == {"userManaged": {"replicas": [{"location": "us-central1"}]}}
+    versions = of("SecretVersion")
+    assert len(versions) == len(secrets)
+    assert all(rpc.is_rpc_secret(v.inputs["secretData"]) for v in versions)
+    grants = of("SecretIamMember")
+    readers: dict[str, list[str]] = {}
+    for grant in grants:
+        assert grant.inputs["role"] == "roles/secretmanager.secretAccessor"
+        secret_id = grant.inputs["secretId"].rsplit("/", 1)[-1]
+        readers.setdefault(secret_id, []).append(grant.inputs["member"])
+    assert readers == {
+        secret_id: [f"serviceAccount:{account}@{PROJECT}.iam.gserviceaccount.com"]
+        for secret_id, account in owner.items()
+    }
 
 def test_network_is_custom_mode_with_a_subnet_per_zone_range(ibis):
     cluster, rec, parts = ibis
@@ -400,8 +462,21 @@ def check_etcd(cluster, rec: Recorder, members) -> None:
         assert attached["deviceName"] == "etcd-data"
         assert attached["source"].endswith(f"/disks/{m.name}-data")
         assert vm.inputs["tags"] == ["etcd"]
-        assert rpc.is_rpc_secret(vm.inputs["metadata"]), "user data must stay secret"
-        assert plain(vm.inputs["metadata"])["user-data"].startswith("#cloud-config")
+        check_metadata_and_shielding(vm.inputs, gpu=False)
+
+
+def check_metadata_and_shielding(inputs: dict, gpu: bool) -> None:
+    """User data in metadata holds no secret (not even marked as one), project SSH
+    keys are blocked, and the machine is a Shielded VM (Secure Boot off only on
+    GPU machines, whose DKMS-built NVIDIA modules are unsigned)."""
+    assert not rpc.is_rpc_secret(inputs["metadata"]), "user data holds references, never secrets"
+    metadata = plain(inputs["metadata"])
+    assert metadata["user-data"].startswith("#cloud-config")
+    assert "PRIVATE KEY" not in metadata["user-data"]
+    assert metadata["block-project-ssh-keys"] == "true"
+    assert inputs["shieldedInstanceConfig"] == {
+        "enableSecureBoot": not gpu, "enableVtpm": True, "enableIntegrityMonitoring": True,
+    }
 
 
 def test_etcd_disks_per_member_zone_type_size_iops_throughput(ibis):
@@ -460,7 +535,7 @@ def test_api_servers_sit_behind_an_internal_tcp_load_balancer(ibis):
         assert vm.inputs["networkInterfaces"][0]["networkIp"] == server.ip
         assert vm.inputs["zone"] == server.zone
         assert vm.inputs["tags"] == ["apiserver"]
-        assert rpc.is_rpc_secret(vm.inputs["metadata"])
+        check_metadata_and_shielding(vm.inputs, gpu=False)
     groups = rec.of_type("InstanceGroup")
     assert {g.inputs["zone"] for g in groups} == {s.zone for s in lay.api_servers}
     assert sum(len(g.inputs["instances"]) for g in groups) == len(lay.api_servers)
@@ -529,7 +604,7 @@ def test_instance_templates_carry_machine_gpus_spot_labels_and_user_data(ibis):
     assert cpu["labels"]["corral-pool"] == "cpu-n2"
     assert cpu["labels"]["cluster-autoscaler-name"] == "ibis"
     for name, t in templates.items():
-        assert rpc.is_rpc_secret(t["metadata"]), name
+        check_metadata_and_shielding(t, gpu=t["labels"]["corral-pool"].startswith("gpu"))
         metadata = plain(t["metadata"])
         assert metadata["user-data"].startswith("#cloud-config")
         assert "AUTOSCALER_ENV_VARS" in metadata["kube-env"]
@@ -698,8 +773,9 @@ def test_the_core_plan_of_ibis():
     assert len(disks) == 3 and all(d["protect"] and d["retainOnDelete"] for d in disks)
     for r in resources:
         if r["type"] in ("gcp:compute/instance:Instance", "gcp:compute/instanceTemplate:InstanceTemplate"):
-            metadata = r["inputs"]["metadata"]  # masked whole, or key by key
-            assert metadata == "[secret]" or metadata["user-data"] == "[secret]", r["name"]
+            metadata = r["inputs"]["metadata"]  # shown: references to the secret store only
+            assert metadata["user-data"].startswith("#cloud-config"), r["name"]
+            assert "PRIVATE KEY" not in metadata["user-data"] and "corral-fetch-secrets" in metadata["user-data"]
         if r["type"] == "gcp:compute/firewall:Firewall":
             assert "0.0.0.0/0" not in (r["inputs"].get("sourceRanges") or [])
         if r["type"].startswith("gcp:"):
@@ -707,6 +783,7 @@ def test_the_core_plan_of_ibis():
     components = {r["name"]: r["type"] for r in resources if r["type"].startswith("corral:gcp:")}
     assert set(components.values()) == {
         "corral:gcp:Network", "corral:gcp:Etcd", "corral:gcp:ApiServers", "corral:gcp:NodePools",
+        "corral:gcp:SecretStore",
     }
     # Warnings belong to each run: a second plan in the same process has them too.
     assert any("corral:nodeImage is not set" in d for d in result.diagnostics)

@@ -84,9 +84,10 @@ def test_pool_size_and_host_count_do_not_change_the_number_of_resources(tmp_path
     bigger_pool, plan = resource_count(tmp_path, "jaguar", {JAGUAR_POOL_MAX: "maxSize: 900"})
     more_hosts, _ = resource_count(tmp_path, "jaguar", {JAGUAR_HOSTS: 'hosts: ["gpu-[001:064].sf1.internal", "gpu-[101:700].sf1.internal"]'})
     assert base == bigger_pool == more_hosts
-    # ... while the sizes themselves did change where they live (the group's maximum).
-    # (Azure's autoscale setting writes its capacities as strings.)
-    assert any({900, "900"} & set(_leaves(r["inputs"])) for r in plan.resources if "cpu-d64" in r["name"])
+    # ... while the sizes themselves did change where they live (the groups' maxima:
+    # one scale set per pool zone on Azure, 900 over three zones; Azure's autoscale
+    # setting writes its capacities as strings).
+    assert any({300, "300"} & set(_leaves(r["inputs"])) for r in plan.resources if "cpu-d64" in r["name"])
 
 
 def test_thousands_of_nodes_change_only_what_size_implies(tmp_path):
@@ -132,32 +133,37 @@ def test_no_private_key_token_or_psk_in_plan_json(name, known_secret_mocks):
     assert PSK_PREFIX not in text
     assert plan.outputs["bootstrapToken"] == "[secret]"
     assert plan.outputs["caCertHash"].startswith("sha256:")
-    # The user data reached the machines (rendered, then masked), not left unknown.
-    assert "[secret]" in json.dumps([r["inputs"] for r in plan.resources if r["type"].endswith(("Instance", "VirtualMachine", "LaunchTemplate", "InstanceTemplate"))])
+    # The machines' user data is shown (references only); the secret store's values are masked.
+    machines = json.dumps([r["inputs"] for r in plan.resources if r["type"].endswith(
+        ("Instance", "VirtualMachine", "VirtualMachineScaleSet", "LaunchTemplate", "InstanceTemplate"))])
+    assert "[secret]" not in machines and "[unknown]" not in machines.replace('"[unknown]"', "")
+    values = [r["inputs"] for r in plan.resources if r["type"].endswith(("SecretVersion", "keyvault:Secret"))]
+    assert len(values) == 7 and all("[secret]" in json.dumps(v) for v in values)
 
 
 def test_a_leaked_secret_is_masked_anyway(fake, known_secret_mocks):
-    """Defence in depth: a component that strips secretness off user data still leaks nothing."""
+    """Defence in depth: a secret store that strips secretness off a secret still leaks nothing."""
     import pulumi
 
     from corral.infra.plan import plan_cluster
 
     from .conftest import RANDOM_RESULTS
 
-    original = fake.ApiServers
+    original = fake.SecretStore
 
-    class LeakyApiServers(original):
-        def __init__(self, name, ctx, network, user_data, opts=None):
-            super().__init__(name, ctx, network, user_data, opts)
-            pulumi.CustomResource("fake:index:Leak", "leak", {"text": pulumi.Output.unsecret(user_data[0])},
-                                  pulumi.ResourceOptions(parent=self))
+    class LeakySecretStore(original):
+        def put(self, key, value):
+            if key == "apiserver":
+                pulumi.CustomResource("fake:index:Leak", "leak", {"text": pulumi.Output.unsecret(value)},
+                                      pulumi.ResourceOptions(parent=self))
+            return super().put(key, value)
 
-    fake.ApiServers = LeakyApiServers
+    fake.SecretStore = LeakySecretStore
     try:
         cluster = load_fleet([EXAMPLES]).clusters["heron"]
         plan = plan_cluster(cluster, platform=fake, mocks=known_secret_mocks, preview=False)
     finally:
-        fake.ApiServers = original
+        fake.SecretStore = original
     (leak,) = [r for r in plan.resources if r["name"] == "leak"]
     assert leak["inputs"]["text"] == "[secret]"
     assert RANDOM_RESULTS["bootstrap-token-secret"] not in plan.to_json()

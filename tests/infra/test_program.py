@@ -92,13 +92,23 @@ def test_stack_outputs_after_apply(fake_plan, known_secret_mocks):
     assert plan.outputs["bootstrapToken"] == SECRET
 
 
-def test_user_data_is_rendered_and_secret(fake_plan, known_secret_mocks):
+def test_user_data_holds_references_and_the_secrets_are_secret(fake_plan, known_secret_mocks):
     plan = fake_plan(example("jaguar"), mocks=known_secret_mocks, preview=False)
     vms = [r for r in plan.resources if r["type"] == "fake:index:Vm"]
     assert len(vms) == 10
-    assert all(vm["inputs"]["userData"] == SECRET for vm in vms)
     groups = [r for r in plan.resources if r["type"] == "fake:index:Group"]
-    assert [g["inputs"]["userData"] for g in groups] == [SECRET]
+    documents = [r["inputs"]["userData"] for r in (*vms, *groups)]
+    # Plain (shown by `corral plan`), each naming its machine role's secret.
+    assert all(d.startswith("#cloud-config") and "/usr/local/sbin/corral-fetch-secrets" in d for d in documents)
+    assert all("PRIVATE KEY" not in d for d in documents)
+    secrets = {r["name"]: r for r in plan.resources if r["type"] == "fake:index:Secret"}
+    assert set(secrets) == {
+        *(f"jaguar-secret-etcd-{i}" for i in range(5)), "jaguar-secret-apiserver", "jaguar-secret-pool-cpu-d64",
+    }
+    assert all(s["inputs"]["value"] == SECRET for s in secrets.values())
+    for vm in vms:  # each machine names its own role's secret
+        role = "apiserver" if "apiserver" in vm["name"] else vm["name"].split("-", 1)[1]
+        assert f"its secrets: jaguar-{role} in" in vm["inputs"]["userData"], vm["name"]
 
 
 def test_stack_cluster_comes_from_the_clusters_folder(tmp_path, monkeypatch):

@@ -30,10 +30,12 @@ from corral.infra.bootstrap import (
     PROVIDER_ID_SCHEMES,
     PROVIDER_ID_SCRIPT,
     ControlPlaneTls,
+    JoinToken,
     render_api_server_cloud_init,
     render_pool_cloud_init,
     render_provider_id_script,
 )
+from corral.infra.platform import SecretRef
 from corral.manifests.policy import autoscaler_args
 from corral.model import load_fleet
 from corral.model.layout import layout
@@ -191,6 +193,12 @@ def example(name: str):
 
 
 CP_TLS = ControlPlaneTls(*[f"-----BEGIN X-----\n{i}\n-----END X-----\n" for i in range(9)])
+TOKENS = [JoinToken(TOKEN, "API servers")]
+
+
+def ref(cluster) -> SecretRef:
+    """Where the machines' secrets would live (the user data names it, nothing more)."""
+    return SecretRef(cluster.control_plane.cloud, "store", f"{cluster.name}-role")
 
 
 def files_of(document: str) -> dict[str, dict]:
@@ -213,10 +221,14 @@ def test_every_cloud_kubelet_machine_registers_with_a_provider_id(name):
     assert render_provider_id_script(cloud, "http://127.0.0.1:1") == shipped.replace(METADATA_URL, "http://127.0.0.1:1")
 
     documents = {
-        "first API server": render_api_server_cloud_init(cluster, lay, 0, CP_TLS, TOKEN, DIGEST),
-        "joining API server": render_api_server_cloud_init(cluster, lay, 1, CP_TLS, TOKEN, DIGEST),
-        **{f"pool {p.name}": render_pool_cloud_init(cluster, lay, p, TOKEN, DIGEST) for p in cluster.cloud_pools},
+        "first API server": render_api_server_cloud_init(cluster, lay, 0, ref(cluster)),
+        "joining API server": render_api_server_cloud_init(cluster, lay, 1, ref(cluster)),
+        **{f"pool {p.name}": render_pool_cloud_init(cluster, lay, p, ref(cluster)) for p in cluster.cloud_pools},
     }
+    # The first API server's init config travels in the secret store (it holds the tokens).
+    init = bootstrap.render_kubeadm_init_config(cluster, lay, TOKENS)
+    init_registrations = [d["nodeRegistration"] for d in yaml.safe_load_all(init) if d and "nodeRegistration" in d]
+    assert [kubelet_args(r)["provider-id"] for r in init_registrations] == [PROVIDER_ID_PLACEHOLDER]
     for what, document in documents.items():
         files = files_of(document)
         assert files[PROVIDER_ID_SCRIPT]["content"] == shipped, what
@@ -242,11 +254,14 @@ def test_pool_boot_script_fills_in_the_provider_id_before_joining(fake_metadata_
     state.values.update(AWS_MACHINE)
     heron = example("heron")
     pool = heron.cloud_pools[0]
-    files = files_of(render_pool_cloud_init(heron, layout(heron), pool, TOKEN, DIGEST))
+    files = files_of(render_pool_cloud_init(heron, layout(heron), pool, ref(heron)))
     kubeadm_dir, sbin, bin_dir = tmp_path / "kubeadm", tmp_path / "sbin", tmp_path / "bin"
     for folder in (kubeadm_dir, sbin, bin_dir):
         folder.mkdir()
     (kubeadm_dir / "join.yaml").write_text(files[f"{bootstrap.KUBEADM_DIR}/join.yaml"]["content"])
+    # What corral-fetch-secrets unpacked from the pool's secret.
+    for secret_file in bootstrap.pool_secret_files(TOKEN, DIGEST):
+        (kubeadm_dir / Path(secret_file.path).name).write_text(secret_file.content)
     (sbin / "corral-provider-id").write_text(files[PROVIDER_ID_SCRIPT]["content"].replace(METADATA_URL, base_url))
     (sbin / "corral-node-prep").write_text("#!/bin/bash\ntrue\n")
     joined = tmp_path / "joined.yaml"
@@ -255,19 +270,27 @@ def test_pool_boot_script_fills_in_the_provider_id_before_joining(fake_metadata_
     for script in (*sbin.iterdir(), *bin_dir.iterdir()):
         script.chmod(0o755)
     boot = (files["/usr/local/sbin/corral-pool-node"]["content"]
-            .replace(bootstrap.KUBEADM_DIR, str(kubeadm_dir)).replace("/usr/local/sbin/", f"{sbin}/"))
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "no_proxy": "*", "NO_PROXY": "*"}
+            .replace(bootstrap.KUBEADM_DIR, str(kubeadm_dir)).replace("/usr/local/sbin/", f"{sbin}/")
+            .replace("/etc/kubernetes/", f"{tmp_path}/"))
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "no_proxy": "*", "NO_PROXY": "*", "TMPDIR": str(tmp_path)}
     result = subprocess.run(["bash", "-c", boot], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr
-    registration = yaml.safe_load(joined.read_text())["nodeRegistration"]
+    joined_config = yaml.safe_load(joined.read_text())
+    registration = joined_config["nodeRegistration"]
     assert registration["name"] == "ip-10-201-8-7"
     assert kubelet_args(registration)["provider-id"] == "aws:///us-west-2b/i-0123456789abcdef0"
+    # The fetched token and CA pin were filled in; the token and the filled copy are gone.
+    assert joined_config["discovery"]["bootstrapToken"]["token"] == TOKEN
+    assert joined_config["discovery"]["bootstrapToken"]["caCertHashes"] == [DIGEST]
+    assert not (kubeadm_dir / "bootstrap-token").exists()
+    assert TOKEN not in (kubeadm_dir / "join.yaml").read_text()  # the user data's copy keeps its placeholders
+    assert not [p for p in tmp_path.glob("tmp.*")]  # mktemp's filled copy removed
 
 
 def test_pool_boot_stops_when_the_metadata_service_has_no_answer(fake_metadata_server, tmp_path):
     base_url, _state = fake_metadata_server  # knows nothing: every read is a 404
     ibis = example("ibis")
-    files = files_of(render_pool_cloud_init(ibis, layout(ibis), ibis.cloud_pools[0], TOKEN, DIGEST))
+    files = files_of(render_pool_cloud_init(ibis, layout(ibis), ibis.cloud_pools[0], ref(ibis)))
     sbin, bin_dir = tmp_path / "sbin", tmp_path / "bin"
     sbin.mkdir(), bin_dir.mkdir()
     (tmp_path / "join.yaml").write_text(files[f"{bootstrap.KUBEADM_DIR}/join.yaml"]["content"])
@@ -279,8 +302,8 @@ def test_pool_boot_stops_when_the_metadata_service_has_no_answer(fake_metadata_s
         script.chmod(0o755)
     boot = (files["/usr/local/sbin/corral-pool-node"]["content"]
             .replace(f"{bootstrap.KUBEADM_DIR}/join.yaml", str(tmp_path / "join.yaml"))
-            .replace("/usr/local/sbin/", f"{sbin}/"))
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "no_proxy": "*", "NO_PROXY": "*"}
+            .replace("/usr/local/sbin/", f"{sbin}/").replace("/etc/kubernetes/", f"{tmp_path}/"))
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "no_proxy": "*", "NO_PROXY": "*", "TMPDIR": str(tmp_path)}
     result = subprocess.run(["bash", "-c", boot], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode != 0
     assert not marker.exists()  # never joined without its provider ID

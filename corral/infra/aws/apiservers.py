@@ -23,6 +23,7 @@ from .common import (
 )
 from .network import Network
 from .nodepools import cluster_owned_tag
+from .secrets import MachineRole
 
 # AWS limits load balancer and target group names to 32 characters.
 LB_NAME_MAX = 32
@@ -65,12 +66,6 @@ def autoscaler_policy(cluster_name: str) -> dict:
             },
         ],
     }
-
-
-EC2_ASSUME_ROLE = {
-    "Version": "2012-10-17",
-    "Statement": [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}],
-}
 
 
 def zone_vips(ctx: ClusterContext) -> dict[str, str]:
@@ -116,7 +111,7 @@ class ApiServers(pulumi.ComponentResource):
 
     Attributes: instances (name -> resource), load_balancer, target_group,
     endpoint (`vip:6443`), addresses (zone -> address), dns_name,
-    autoscaler_role.
+    autoscaler_role, identities (server name -> that role).
     """
 
     def __init__(
@@ -136,25 +131,20 @@ class ApiServers(pulumi.ComponentResource):
         rn = ctx.resource_name
         image = node_image()
 
-        self.autoscaler_role = aws.iam.Role(
-            rn("apiserver"),
-            description=f"API servers of {ctx.cluster.name}: cluster-autoscaler sizes the cluster's ASGs",
-            assume_role_policy=json.dumps(EC2_ASSUME_ROLE),
-            tags=tags(ctx, rn("apiserver")),
-            opts=child,
+        machine = MachineRole(
+            ctx, rn("apiserver"),
+            f"API servers of {ctx.cluster.name}: cluster-autoscaler sizes the cluster's ASGs", self,
         )
+        self.autoscaler_role = machine.role
         aws.iam.RolePolicy(
             rn("cluster-autoscaler"),
             role=self.autoscaler_role.id,
             policy=json.dumps(autoscaler_policy(ctx.cluster.name)),
             opts=child,
         )
-        profile = aws.iam.InstanceProfile(
-            rn("apiserver"),
-            role=self.autoscaler_role.name,
-            tags=tags(ctx, rn("apiserver")),
-            opts=child,
-        )
+        profile = machine.profile
+        # Every API server reads the API servers' secret (SecretStore.grant).
+        self.identities = {server.name: self.autoscaler_role for server in servers}
 
         # The load balancer before the instances: each is tagged with its DNS
         # name, which AWS picks at creation and the certificates name.

@@ -90,8 +90,8 @@ def encode_user_data(text: str) -> str:
 
 
 def user_data_base64(user_data: pulumi.Input[str]) -> pulumi.Output[str]:
-    """`user_data` (cloud-init, usually a secret) as EC2 wants it; stays secret."""
-    return pulumi.Output.secret(user_data).apply(encode_user_data)
+    """`user_data` (cloud-init, holding references to secrets, never secrets) as EC2 wants it."""
+    return pulumi.Output.from_input(user_data).apply(encode_user_data)
 
 
 def metadata_options(tags_in_metadata: bool = False) -> dict:

@@ -20,6 +20,7 @@ from .common import (
     user_data_base64,
 )
 from .network import Network
+from .secrets import MachineRole
 
 # EBS types etcd may sit on; only gp3 takes a throughput setting.
 VOLUME_TYPES = ("gp3", "io1", "io2")
@@ -92,6 +93,9 @@ class Etcd(pulumi.ComponentResource):
     must roll one member at a time (`pulumi up --replace <urn>` after
     lifting termination protection), never the whole quorum at once.
 
+    Each member has its own IAM role (`identities`), which may only read
+    the member's own secret (granted by SecretStore).
+
     Attributes: instances, volumes (member name -> resource), volume_ids
     (member name -> id), private_ips (member name -> address), disk_device
     (the by-id prefix; the full path ends in the volume id, see LOCATE_DEVICE).
@@ -116,6 +120,7 @@ class Etcd(pulumi.ComponentResource):
         self.volumes: dict[str, aws.ebs.Volume] = {}
         self.volume_ids: dict[str, pulumi.Output[str]] = {}
         self.private_ips: dict[str, str] = {}
+        self.identities: dict[str, aws.iam.Role] = {}
         self.disk_device = BY_ID_PREFIX
 
         prefix = ctx.cluster.name + "-"
@@ -130,6 +135,9 @@ class Etcd(pulumi.ComponentResource):
                 tags=tags(ctx, f"{vm_name}-data", **{"corral-etcd-member": member.name}),
                 opts=pulumi.ResourceOptions(parent=self, protect=True, retain_on_delete=True),
             )
+            # The member's own identity: it may read its own secret, nothing else
+            # (no other policy is ever attached to it).
+            machine = MachineRole(ctx, vm_name, f"etcd member {member.name}: reads its own keys", self)
             instance_tags = tags(ctx, vm_name, **{"corral-role": "etcd", VOLUME_TAG: volume.id})
             _check_metadata_tag_keys(instance_tags)
             instance = aws.ec2.Instance(
@@ -140,6 +148,7 @@ class Etcd(pulumi.ComponentResource):
                 subnet_id=network.control_subnet_ids[member.zone],
                 private_ip=member.ip,
                 vpc_security_group_ids=[network.etcd_security_group_id],
+                iam_instance_profile=machine.profile.name,
                 user_data_base64=user_data_base64(pick(user_data, i, "etcd user data")),
                 disable_api_termination=True,
                 ebs_optimized=True,
@@ -171,5 +180,6 @@ class Etcd(pulumi.ComponentResource):
             self.volumes[member.name] = volume
             self.volume_ids[member.name] = volume.id
             self.private_ips[member.name] = member.ip
+            self.identities[member.name] = machine.role
 
         self.register_outputs({"private_ips": self.private_ips, "volume_ids": self.volume_ids})

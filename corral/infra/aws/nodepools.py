@@ -21,6 +21,7 @@ from .common import (
     user_data_base64,
 )
 from .network import Network
+from .secrets import MachineRole
 
 AUTOSCALER = "k8s.io/cluster-autoscaler"
 NODE_TEMPLATE = f"{AUTOSCALER}/node-template"
@@ -85,7 +86,8 @@ class NodePools(pulumi.ComponentResource):
     two numbers, not the resource count.
 
     Attributes: groups (pool -> ASG), launch_templates (pool -> template),
-    group_names (pool -> ASG name).
+    group_names (pool -> ASG name), identities (pool -> the IAM role of its
+    machines, which may read only the pool's secret).
     """
 
     def __init__(
@@ -103,6 +105,7 @@ class NodePools(pulumi.ComponentResource):
         self.groups: dict[str, aws.autoscaling.Group] = {}
         self.launch_templates: dict[str, aws.ec2.LaunchTemplate] = {}
         self.group_names: dict[str, str] = {}
+        self.identities: dict[str, aws.iam.Role] = {}
 
         for pool in cluster.cloud_pools:
             if pool.provider != "aws":
@@ -112,6 +115,9 @@ class NodePools(pulumi.ComponentResource):
             for zone in zones:
                 check_zone(ctx, zone, f"pool {pool.name}")
             common = tags(ctx, group_name, **{"corral-pool": pool.name, "corral-role": "node"})
+            # The pool's own identity: it reads the pool's bootstrap token, nothing else.
+            machine = MachineRole(ctx, group_name, f"nodes of pool {pool.name} of {cluster.name}", self)
+            self.identities[pool.name] = machine.role
             template = aws.ec2.LaunchTemplate(
                 group_name,
                 name=group_name,
@@ -120,6 +126,7 @@ class NodePools(pulumi.ComponentResource):
                 instance_type=pool.machine_type,
                 user_data=user_data_base64(pick(user_data, pool.name, "pool user data")),
                 vpc_security_group_ids=[network.node_security_group_id],
+                iam_instance_profile={"name": machine.profile.name},
                 ebs_optimized="true",
                 metadata_options=metadata_options(),
                 block_device_mappings=[{
@@ -184,3 +191,8 @@ class NodePools(pulumi.ComponentResource):
         # The cluster-autoscaler finds ASGs by their tags: nothing more to tell it.
         self.cloud_settings: dict[str, str] = {}
         self.register_outputs({"group_names": self.group_names})
+
+    def allow_resize(self, identities: Mapping[str, object]) -> None:
+        """Nothing to add on AWS: the API servers' role may already resize exactly
+        the ASGs tagged as this cluster's (apiservers.autoscaler_policy), a tag it
+        cannot set itself."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 
 import pulumi
@@ -20,9 +19,6 @@ RULE = "apiserver-6443"
 # A zone-redundant frontend lists every zone of the region; Azure zones are
 # "1" to "3" (the model allows no others).
 REGION_ZONES = ["1", "2", "3"]
-# Built-in role "Virtual Machine Contributor": manage VMs and scale sets (and
-# their NICs), which is what cluster-autoscaler does to the node pools.
-VM_CONTRIBUTOR_ROLE = "9980e02c-c2be-4d73-94e8-173b1dc7cf3c"
 
 
 class ApiServers(pulumi.ComponentResource):
@@ -42,13 +38,14 @@ class ApiServers(pulumi.ComponentResource):
 
     cluster-autoscaler runs on the control plane with the managed identity
     of the VM it lands on (corral.manifests: ARM_USE_MANAGED_IDENTITY_EXTENSION),
-    so each API-server VM has a system-assigned identity holding Virtual
-    Machine Contributor on the cluster's resource group: enough to resize
-    and delete the pools' scale-set VMs, nothing outside the cluster.
+    so each API-server VM has a system-assigned identity. It holds no right
+    on the cluster's resource group (which holds etcd's VMs and disks):
+    NodePools.allow_resize gives it rights on the pools' scale sets only, and
+    SecretStore.grant read of the API servers' secret.
 
     Attributes: vms, nics (lists, server order), load_balancer,
     endpoint ("<vip>:6443"), backend_pool_id, principal_ids (the VMs'
-    identities).
+    identities), identities (server name -> principal id).
     """
 
     def __init__(
@@ -129,6 +126,7 @@ class ApiServers(pulumi.ComponentResource):
         self.vms: list[azure.compute.VirtualMachine] = []
         self.nics: list[azure.network.NetworkInterface] = []
         self.principal_ids: list[pulumi.Output[str]] = []
+        self.identities: dict[str, pulumi.Output[str]] = {}
         prefix = ctx.cluster.name + "-"
         for i, server in enumerate(servers):
             suffix = server.name.removeprefix(prefix)  # "apiserver-0"
@@ -144,20 +142,8 @@ class ApiServers(pulumi.ComponentResource):
                 identity=azure.compute.VirtualMachineIdentityArgs(type="SystemAssigned"),
             )
             principal = vm.identity.apply(lambda identity: identity.principal_id if identity else None)
-            azure.authorization.RoleAssignment(
-                rn(suffix, "autoscaler-role"),
-                # Role assignment names are GUIDs: one stable GUID per VM and role.
-                role_assignment_name=str(uuid.uuid5(uuid.NAMESPACE_URL, f"corral/{rn(suffix)}/{VM_CONTRIBUTOR_ROLE}")),
-                principal_id=principal,
-                principal_type="ServicePrincipal",
-                role_definition_id=pulumi.Output.concat(
-                    network.subscription_path, "/providers/Microsoft.Authorization/roleDefinitions/", VM_CONTRIBUTOR_ROLE
-                ),
-                scope=network.resource_group_id,
-                description="cluster-autoscaler on this API server sizes the cluster's scale sets",
-                opts=pulumi.ResourceOptions(parent=self),
-            )
             self.principal_ids.append(principal)
+            self.identities[server.name] = principal
             self.nics.append(nic)
             self.vms.append(vm)
 

@@ -100,8 +100,8 @@ def encode_custom_data(text: str) -> str:
 
 
 def custom_data(user_data: pulumi.Input[str]) -> pulumi.Output[str]:
-    """`user_data` (cloud-init, holding keys: always treated as a secret) as Azure wants it."""
-    return pulumi.Output.secret(user_data).apply(encode_custom_data)
+    """`user_data` (cloud-init holding references to secrets, never secrets) as Azure wants it."""
+    return pulumi.Output.from_input(user_data).apply(encode_custom_data)
 
 
 _SIZE = re.compile(r"^Standard_([A-Z]+)(\d+)")

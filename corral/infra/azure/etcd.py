@@ -38,8 +38,11 @@ class Etcd(pulumi.ComponentResource):
     `pulumi destroy` nor replacing the VM deletes etcd's data (the VM detaches
     it on delete).
 
+    Each VM has a system-assigned managed identity (`identities`: member
+    name -> principal id) that may read only the member's own secret.
+
     Attributes: vms / disks / nics (lists, member order), member_ips,
-    disk_device (the path the bootstrap mounts).
+    disk_device (the path the bootstrap mounts), identities.
     """
 
     def __init__(
@@ -69,6 +72,7 @@ class Etcd(pulumi.ComponentResource):
         self.disks: list[azure.compute.Disk] = []
         self.nics: list[azure.network.NetworkInterface] = []
         self.member_ips = [m.ip for m in members]
+        self.identities: dict[str, pulumi.Output[str]] = {}
         self.disk_device = ETCD_DISK_DEVICE
 
         for i, member in enumerate(members):
@@ -122,7 +126,10 @@ class Etcd(pulumi.ComponentResource):
                     )
                 ],
                 ultra_ssd=ultra,
+                # Its own identity: it may read the member's own secret, nothing else.
+                identity=azure.compute.VirtualMachineIdentityArgs(type="SystemAssigned"),
             )
+            self.identities[member.name] = vm.identity.apply(lambda identity: identity.principal_id if identity else None)
             self.disks.append(disk)
             self.nics.append(nic)
             self.vms.append(vm)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 
 import pulumi
@@ -22,7 +23,12 @@ from .common import (
     pick,
     tags,
 )
+from .secrets import role_definition_id
 
+# Built-in role "Virtual Machine Contributor", assigned on each scale set
+# (never on the resource group, which holds etcd's VMs and disks): what
+# cluster-autoscaler does to a pool, resize it and delete chosen instances.
+VM_CONTRIBUTOR_ROLE = "9980e02c-c2be-4d73-94e8-173b1dc7cf3c"
 # A Uniform scale set outside a single placement group holds at most 1,000 VMs.
 VMSS_MAX_INSTANCES = 1_000
 # Linux scale sets: `computerNamePrefix` is at most 58 characters.
@@ -98,9 +104,16 @@ class NodePools(pulumi.ComponentResource):
     ASG's min/max) and never scales on metrics itself, so the cluster
     autoscaler alone decides. Rules here would fight it.
 
+    Each pool has one user-assigned identity, which all its zonal scale sets
+    carry (`identities`: pool name -> principal id, as on the other clouds);
+    it may read only the pool's secret.
+    `allow_resize(identities)` gives the autoscaler's identities Virtual
+    Machine Contributor on each scale set and nowhere else.
+
     Attributes: scale_sets / autoscale_settings: scale set name -> resource,
     pool_scale_sets: pool name -> {zone: scale set},
-    autoscaler_discovery (the `--node-group-auto-discovery` value).
+    autoscaler_discovery (the `--node-group-auto-discovery` value),
+    identities, resize_grants.
     """
 
     def __init__(
@@ -116,12 +129,29 @@ class NodePools(pulumi.ComponentResource):
         self.scale_sets: dict[str, azure.compute.VirtualMachineScaleSet] = {}
         self.autoscale_settings: dict[str, azure.monitor.AutoscaleSetting] = {}
         self.autoscaler_discovery = autoscaler_discovery(cluster.name)
+        self.identities: dict[str, pulumi.Output[str]] = {}
+        self.resize_grants: list[azure.authorization.RoleAssignment] = []
+        self._ctx, self._network = ctx, network
 
         self.pool_scale_sets: dict[str, dict[str, azure.compute.VirtualMachineScaleSet]] = {}
+        pool_identities: dict[str, azure.managedidentity.UserAssignedIdentity] = {}
         for group in autoscaler_node_groups(cluster):
             pool = cluster.pool(group.pool)
             if pool.provider != "azure":
                 continue
+            if pool.name not in pool_identities:
+                # One identity per pool, whatever its zones (see `identities`).
+                identity_name = ctx.resource_name(pool.name, "identity")
+                pool_identities[pool.name] = azure.managedidentity.UserAssignedIdentity(
+                    identity_name,
+                    resource_name_=identity_name,
+                    resource_group_name=network.resource_group_name,
+                    location=location(ctx),
+                    tags=tags(ctx, **{"corral-pool": pool.name}),
+                    opts=pulumi.ResourceOptions(parent=self),
+                )
+                self.identities[pool.name] = pool_identities[pool.name].principal_id
+            pool_identity = pool_identities[pool.name]
             zone, set_name = group.zone, group.name
             if len(set_name) + 1 > MAX_COMPUTER_NAME_PREFIX:
                 raise ValueError(
@@ -198,6 +228,11 @@ class NodePools(pulumi.ComponentResource):
                     # -1: pay up to the on-demand price; evicted only for capacity.
                     billing_profile=azure.compute.BillingProfileArgs(max_price=-1) if spot else None,
                 ),
+                # The pool's identity, shared by its zonal scale sets: it
+                # reads the pool's bootstrap token and nothing else.
+                identity=azure.compute.VirtualMachineScaleSetIdentityArgs(
+                    type="UserAssigned", user_assigned_identities=[pool_identity.id],
+                ),
                 tags=tags(ctx, **{"corral-role": "node", "corral-pool": pool.name, "corral-zone": zone},
                           **autoscaler_tags(ctx, pool, group.min_size, group.max_size)),
                 opts=pulumi.ResourceOptions(
@@ -244,3 +279,22 @@ class NodePools(pulumi.ComponentResource):
             "scale_set_names": list(self.scale_sets),
             "autoscaler_discovery": self.autoscaler_discovery,
         })
+
+    def allow_resize(self, identities: Mapping[str, pulumi.Input[str]]) -> None:
+        """Let `identities` (the API servers', where cluster-autoscaler runs) resize
+        the scale sets: Virtual Machine Contributor on each scale set, nothing wider."""
+        rn = self._ctx.resource_name
+        for set_name, vmss in self.scale_sets.items():
+            for reader, principal in identities.items():
+                prefix = self._ctx.cluster.name + "-"
+                name = rn("resize", set_name.removeprefix(prefix), "by", reader.removeprefix(prefix))
+                self.resize_grants.append(azure.authorization.RoleAssignment(
+                    name,
+                    role_assignment_name=str(uuid.uuid5(uuid.NAMESPACE_URL, f"corral/{name}/{VM_CONTRIBUTOR_ROLE}")),
+                    principal_id=principal,
+                    principal_type="ServicePrincipal",
+                    role_definition_id=role_definition_id(self._network.subscription_path, VM_CONTRIBUTOR_ROLE),
+                    scope=vmss.id,
+                    description=f"cluster-autoscaler on {reader} sizes scale set {set_name}",
+                    opts=pulumi.ResourceOptions(parent=self),
+                ))

@@ -16,18 +16,57 @@ from .common import (
     boot_disk_type,
     check_zone,
     gce_name,
+    instance_metadata,
     labels,
     node_image,
     pick,
+    shielded_vm,
     zone_suffix,
 )
 from .network import Network
+from .nodepools import mig_names
+from .secrets import SERVICE_ACCOUNT_ID_MAX
 
-# GCE's service-account ids: 6-30 characters.
-SERVICE_ACCOUNT_ID_MAX = 30
-# cluster-autoscaler's GCE provider resizes managed instance groups and
-# deletes their instances (its FAQ: "Compute Instance Admin (v1)").
-AUTOSCALER_ROLE = "roles/compute.instanceAdmin.v1"
+# cluster-autoscaler's GCE provider, and what it calls (cloudprovider/gce):
+# it discovers the pools' MIGs and their instances, reads their instance
+# templates and machine types to model a new node, and resizes a MIG or
+# deletes chosen instances of it (SetTargetSize, DeleteInstances: both
+# compute.instanceGroupManagers.update). Split in two custom roles instead
+# of Compute Instance Admin on the project (which can set a startup-script
+# on any VM, etcd members included, and detach their disks):
+#   read, on the project: list/get only; no write, no metadata, no disks;
+#   resize, on the project but with an IAM condition naming this cluster's
+#     MIGs one by one: the only write, and only on those groups (GCE has no
+#     per-MIG IAM policy, conditions on resource.name are how to narrow it).
+AUTOSCALER_READ_PERMISSIONS = (
+    "compute.instanceGroupManagers.get",
+    "compute.instanceGroupManagers.list",
+    "compute.instanceGroups.get",
+    "compute.instanceGroups.list",
+    "compute.instances.get",
+    "compute.instances.list",
+    "compute.instanceTemplates.get",
+    "compute.instanceTemplates.list",
+    "compute.machineTypes.get",
+    "compute.machineTypes.list",
+    "compute.zones.list",
+)
+AUTOSCALER_RESIZE_PERMISSIONS = ("compute.instanceGroupManagers.update",)
+
+
+def custom_role_id(ctx: ClusterContext, purpose: str) -> str:
+    """A project custom role id ([a-zA-Z0-9_.], 3-64): `corral_<cluster>_<purpose>`."""
+    return f"corral_{ctx.cluster.name}_{purpose}".replace("-", "_")[:64]
+
+
+def resize_condition(ctx: ClusterContext) -> str:
+    """The IAM condition that limits the resize role to this cluster's MIGs, by exact name."""
+    names = mig_names(ctx.cluster)
+    if not names:
+        return "false"
+    return " || ".join(
+        f'resource.name.endsWith("/instanceGroupManagers/{name}")' for name in names
+    )
 
 
 class ApiServers(pulumi.ComponentResource):
@@ -50,13 +89,16 @@ class ApiServers(pulumi.ComponentResource):
     drops the traffic.
 
     cluster-autoscaler runs on the control plane (corral/manifests) as the
-    API servers' own service account, which holds Compute Instance Admin on
-    the project: it can resize the pools' managed instance groups with no
-    key in the cluster.
+    API servers' own service account, with no key in the cluster. That
+    account holds two custom roles (see AUTOSCALER_READ_PERMISSIONS): read
+    on the project, and resize only on this cluster's pool MIGs (an IAM
+    condition naming them). It can touch no etcd machine or disk, set no
+    metadata, and reads only the API servers' secret.
 
     Attributes: instances (name -> gcp.compute.Instance), addresses
     (name -> IP), endpoint ("<vip>:6443"), forwarding_rule, backend_service,
-    service_account.
+    service_account, autoscaler_roles, identities (server name -> the
+    account's email).
     """
 
     def __init__(
@@ -84,14 +126,42 @@ class ApiServers(pulumi.ComponentResource):
             display_name=f"API servers of {ctx.cluster.name} (cluster-autoscaler)",
             opts=child,
         )
+        member = self.service_account.email.apply(lambda email: f"serviceAccount:{email}")
+        self.autoscaler_roles: dict[str, gcp.projects.IAMCustomRole] = {}
+        for purpose, permissions, title in (
+            ("autoscaler_read", AUTOSCALER_READ_PERMISSIONS, "discover the pools' instance groups"),
+            ("autoscaler_resize", AUTOSCALER_RESIZE_PERMISSIONS, "resize the pools' instance groups"),
+        ):
+            self.autoscaler_roles[purpose] = gcp.projects.IAMCustomRole(
+                rn(purpose.replace("_", "-")),
+                role_id=custom_role_id(ctx, purpose),
+                title=f"corral {ctx.cluster.name}: cluster-autoscaler may {title}",
+                permissions=list(permissions),
+                stage="GA",
+                opts=child,
+            )
         gcp.projects.IAMMember(
-            rn("apiserver-autoscaler"),
+            rn("apiserver-autoscaler-read"),
             # The provider's project, where the account (and every pool) is.
             project=self.service_account.project,
-            role=AUTOSCALER_ROLE,
-            member=self.service_account.email.apply(lambda email: f"serviceAccount:{email}"),
+            role=self.autoscaler_roles["autoscaler_read"].name,
+            member=member,
             opts=child,
         )
+        gcp.projects.IAMMember(
+            rn("apiserver-autoscaler-resize"),
+            project=self.service_account.project,
+            role=self.autoscaler_roles["autoscaler_resize"].name,
+            member=member,
+            condition={
+                "title": f"{ctx.cluster.name} pool MIGs only",
+                "description": "cluster-autoscaler resizes this cluster's node pools and nothing else",
+                "expression": resize_condition(ctx),
+            },
+            opts=child,
+        )
+        # Every API server reads the API servers' secret (SecretStore.grant).
+        self.identities = {server.name: self.service_account.email for server in ctx.layout.api_servers}
 
         self.instances: dict[str, gcp.compute.Instance] = {}
         self.addresses: dict[str, str] = {}
@@ -124,7 +194,8 @@ class ApiServers(pulumi.ComponentResource):
                     # Access is decided by the account's IAM roles.
                     "scopes": ["https://www.googleapis.com/auth/cloud-platform"],
                 },
-                metadata={"user-data": pulumi.Output.secret(pick(user_data, i, "API server user data"))},
+                metadata=instance_metadata(pick(user_data, i, "API server user data")),
+                shielded_instance_config=shielded_vm(),
                 scheduling={"on_host_maintenance": "MIGRATE", "automatic_restart": True},
                 allow_stopping_for_update=True,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=network.egress),

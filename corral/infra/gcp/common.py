@@ -61,6 +61,29 @@ _LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 
 
+# Shielded VM on every instance and template: Secure Boot (only signed boot
+# code and kernel modules), a vTPM (measured boot) and integrity monitoring
+# (Cloud Logging reports a boot that differs from the baseline).
+SHIELDED_VM = {"enable_secure_boot": True, "enable_vtpm": True, "enable_integrity_monitoring": True}
+
+
+def shielded_vm(gpu: bool = False) -> dict:
+    """Shielded VM settings. GPU machines keep vTPM and integrity monitoring, and
+    Secure Boot only when `corral:gpuSecureBoot` is true: the NVIDIA kernel
+    modules the node images build with DKMS are unsigned, and Secure Boot
+    refuses to load them (turn it on with an image whose modules are signed)."""
+    if gpu and not config().get_bool("gpuSecureBoot"):
+        return {**SHIELDED_VM, "enable_secure_boot": False}
+    return dict(SHIELDED_VM)
+
+
+def instance_metadata(user_data: pulumi.Input[str], **extra: pulumi.Input[str]) -> dict:
+    """Instance metadata: the user data (references only, never a secret), and
+    no project-wide SSH keys: a key added to the project must not open every
+    control-plane machine."""
+    return {"user-data": user_data, "block-project-ssh-keys": "true", **extra}
+
+
 def config() -> pulumi.Config:
     return pulumi.Config("corral")
 

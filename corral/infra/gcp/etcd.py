@@ -18,11 +18,14 @@ from .common import (
     check_disk_attachable,
     check_zone,
     gce_name,
+    instance_metadata,
     labels,
     node_image,
     pick,
+    shielded_vm,
 )
 from .network import Network
+from .secrets import machine_account
 
 # The data disk's device name. GCE exposes an attached disk as
 # /dev/disk/by-id/google-<device_name> (udev rules of Google's guest
@@ -72,6 +75,9 @@ class Etcd(pulumi.ComponentResource):
     The model does not check families; a warning here names a mismatch
     before `pulumi up` fails on it.
 
+    Each member runs as its own service account (`identities`: member
+    name -> email), which may read only that member's secret.
+
     Attributes: instances (member name -> gcp.compute.Instance),
     disks (member name -> gcp.compute.Disk), addresses (member name -> IP),
     device_path (where the data disk appears on the member).
@@ -96,6 +102,7 @@ class Etcd(pulumi.ComponentResource):
         self.instances: dict[str, gcp.compute.Instance] = {}
         self.disks: dict[str, gcp.compute.Disk] = {}
         self.addresses: dict[str, str] = {}
+        self.identities: dict[str, pulumi.Output[str]] = {}
         self.device_path = ETCD_DEVICE_PATH
 
         for i, member in enumerate(members):
@@ -103,6 +110,11 @@ class Etcd(pulumi.ComponentResource):
             vm_name = gce_name(member.name)
             disk_name = gce_name(f"{member.name}-data")
             member_labels = labels(ctx, corral_role=role, corral_member=vm_name)
+            # The member's own service account: no project role at all, only
+            # read of its own secret (SecretStore.grant).
+            account = machine_account(
+                ctx, (member.name.removeprefix(ctx.cluster.name + "-"),), f"etcd member {member.name}", self,
+            )
 
             disk = gcp.compute.Disk(
                 disk_name,
@@ -138,7 +150,13 @@ class Etcd(pulumi.ComponentResource):
                 }],
                 tags=[TAG_ETCD],
                 labels=member_labels,
-                metadata={"user-data": pulumi.Output.secret(pick(user_data, i, "etcd user data"))},
+                metadata=instance_metadata(pick(user_data, i, "etcd user data")),
+                service_account={
+                    "email": account.email,
+                    # Access is decided by IAM: the account holds one secret's read.
+                    "scopes": ["https://www.googleapis.com/auth/cloud-platform"],
+                },
+                shielded_instance_config=shielded_vm(),
                 scheduling={"on_host_maintenance": "MIGRATE", "automatic_restart": True},
                 deletion_protection=True,
                 # Machine type changes stop and start the VM instead of failing.
@@ -148,6 +166,7 @@ class Etcd(pulumi.ComponentResource):
             self.instances[member.name] = instance
             self.disks[member.name] = disk
             self.addresses[member.name] = member.ip
+            self.identities[member.name] = account.email
 
         self.register_outputs({
             "addresses": self.addresses,

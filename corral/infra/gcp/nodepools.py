@@ -55,17 +55,34 @@ from .common import (
     boot_disk_type,
     check_zone,
     gce_name,
+    instance_metadata,
     labels,
     node_image,
     pick,
     series,
+    shielded_vm,
     zone_suffix,
 )
 from .network import Network
+from .secrets import machine_account
 
 # GCE's name_prefix: up to 37 characters get a full-length unique suffix.
 TEMPLATE_PREFIX_MAX = 37
 MIG_URL = "https://www.googleapis.com/compute/v1/projects/{project}/zones/{zone}/instanceGroups/{name}"
+
+
+def mig_name(cluster: Cluster, pool: CloudPool, zone: str) -> str:
+    """The zonal MIG of `pool` in `zone`: `node_group_name` plus the zone's letter."""
+    return gce_name(f"{node_group_name(cluster, pool)}-{zone_suffix(zone)}", BASE_INSTANCE_NAME_MAX)
+
+
+def mig_names(cluster: Cluster) -> list[str]:
+    """Every MIG of the cluster's GCP pools (what the autoscaler may resize, and nothing else)."""
+    return [
+        mig_name(cluster, pool, zone)
+        for pool in cluster.cloud_pools if pool.provider == "gcp"
+        for zone in (pool.zones or cluster.control_plane.zones)
+    ]
 
 
 def split_sizes(total: int, parts: int) -> list[int]:
@@ -155,6 +172,8 @@ class NodePools(pulumi.ComponentResource):
         string GCE reports), else it is the MIG's reported `instance_group`.
         corral.manifests.policy renders the same flags from the model; a
         test holds the two to the same names and shares.
+      identities: pool name -> the email of its machines' service account
+        (which may read only the pool's secret);
       cloud_settings: {"GCP_PROJECT": project} for the autoscaler's
         ConfigMap (corral.infra.addons), when `gcp:project` is set.
     """
@@ -174,6 +193,7 @@ class NodePools(pulumi.ComponentResource):
         self.groups: dict[str, dict] = {}
         self.migs: dict[str, gcp.compute.InstanceGroupManager] = {}
         self.templates: dict[str, gcp.compute.InstanceTemplate] = {}
+        self.identities: dict[str, pulumi.Output[str]] = {}
         specs: list[pulumi.Output[str]] = []
 
         for pool in cluster.cloud_pools:
@@ -185,7 +205,11 @@ class NodePools(pulumi.ComponentResource):
                 check_zone(ctx, zone, f"pool {pool.name}")
             accelerators = guest_accelerators(pool)
             image = node_image(gpu=pool.gpu is not None)
-            pool_user_data = pulumi.Output.secret(pick(user_data, pool.name, "pool user data"))
+            pool_user_data = pick(user_data, pool.name, "pool user data")
+            # The pool's own service account: it may read the pool's bootstrap
+            # token and nothing else (no project role).
+            account = machine_account(ctx, ("pool", pool.name), f"nodes of pool {pool.name} of {cluster.name}", self)
+            self.identities[pool.name] = account.email
             pool_labels = labels(
                 ctx,
                 corral_role="node",
@@ -199,10 +223,10 @@ class NodePools(pulumi.ComponentResource):
             info: dict = {"name": group, "min": pool.min_size, "max": pool.max_size, "zones": {}}
 
             for zone, zone_min, zone_max in zip(zones, mins, maxes):
-                mig_name = gce_name(f"{group}-{zone_suffix(zone)}", BASE_INSTANCE_NAME_MAX)
+                zone_group = mig_name(cluster, pool, zone)
                 template = gcp.compute.InstanceTemplate(
-                    mig_name,
-                    name_prefix=f"{mig_name}-"[:TEMPLATE_PREFIX_MAX],
+                    zone_group,
+                    name_prefix=f"{zone_group}-"[:TEMPLATE_PREFIX_MAX],
                     description=f"pool {pool.name} of {cluster.name} in {zone}",
                     machine_type=pool.machine_type,
                     disks=[{
@@ -219,15 +243,22 @@ class NodePools(pulumi.ComponentResource):
                     }],
                     tags=[TAG_NODE],
                     labels=pool_labels,
-                    metadata={"user-data": pool_user_data, "kube-env": env},
+                    metadata=instance_metadata(pool_user_data, **{"kube-env": env}),
+                    service_account={
+                        "email": account.email,
+                        "scopes": ["https://www.googleapis.com/auth/cloud-platform"],
+                    },
+                    shielded_instance_config=shielded_vm(
+                        gpu=pool.gpu is not None or series(pool.machine_type) in GPU_BUNDLED_SERIES
+                    ),
                     opts=pulumi.ResourceOptions(parent=self),
                 )
                 mig = gcp.compute.InstanceGroupManager(
-                    mig_name,
-                    name=mig_name,
+                    zone_group,
+                    name=zone_group,
                     description=f"pool {pool.name} of {cluster.name} in {zone} (sized by cluster-autoscaler)",
                     zone=zone,
-                    base_instance_name=mig_name,
+                    base_instance_name=zone_group,
                     versions=[{"name": "primary", "instance_template": template.self_link_unique}],
                     target_size=zone_min,
                     # New templates (user data, image) reach new machines
@@ -238,15 +269,20 @@ class NodePools(pulumi.ComponentResource):
                         parent=self, depends_on=network.egress, ignore_changes=["targetSize"]
                     ),
                 )
-                self.templates[mig_name] = template
-                self.migs[mig_name] = mig
-                info["zones"][zone] = {"mig": mig_name, "min": zone_min, "max": zone_max}
-                specs.append(_autoscaler_spec(mig, project, zone, mig_name, zone_min, zone_max))
+                self.templates[zone_group] = template
+                self.migs[zone_group] = mig
+                info["zones"][zone] = {"mig": zone_group, "min": zone_min, "max": zone_max}
+                specs.append(_autoscaler_spec(mig, project, zone, zone_group, zone_min, zone_max))
             self.groups[pool.name] = info
 
         self.autoscaler_nodes: pulumi.Output[list[str]] = pulumi.Output.all(*specs)
         self.cloud_settings: dict[str, str] = {"GCP_PROJECT": project} if project else {}
         self.register_outputs({"groups": self.groups, "autoscaler_nodes": self.autoscaler_nodes})
+
+    def allow_resize(self, identities: Mapping[str, object]) -> None:
+        """Nothing to add on GCP: the API servers' account already holds the resize
+        role on exactly these MIGs (an IAM condition naming them, apiservers.py),
+        which the model names before they exist."""
 
 
 def _autoscaler_spec(
