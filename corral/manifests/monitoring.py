@@ -139,18 +139,8 @@ def prometheus_rules(gpu: bool) -> str:
     ]
     groups = [{"name": "corral-billing", "interval": "1m", "rules": rules}]
     if gpu:
-        groups.append({
-            "name": "corral-gpu-health",
-            "rules": [
-                {
-                    # XID errors are how the driver reports a failing GPU; the
-                    # node should be cordoned and its GPU checked.
-                    "alert": "GPUXidError",
-                    "expr": "max by (node, gpu, modelName) (DCGM_FI_DEV_XID_ERRORS) > 0",
-                    "for": "1m",
-                    "labels": {"severity": "critical"},
-                    "annotations": {"summary": "GPU {{ $labels.gpu }} on {{ $labels.node }} reports XID {{ $value }}"},
-                }
-            ],
-        })
+        # GPU health alerts and records (corral/health/rules.py, promtool-tested).
+        from corral.health.rules import rule_groups
+
+        groups += rule_groups()
     return dump_yaml({"groups": groups})
