@@ -95,6 +95,8 @@ RANDOM_RESULTS = {
     "bootstrap-token-secret": "zx9cv8bn7m6l5k4j",
 }
 PSK_PREFIX = "KnownPreSharedKeyFor"
+# RandomBytes results (the Secrets encryption key): base64 of 32 known bytes.
+ENCRYPTION_KEY_B64 = "S25vd25FbmNyeXB0aW9uS2V5Rm9yQ29ycmFsVGVzdCE="
 
 
 class KnownSecretMocks(PlanMocks):
@@ -108,6 +110,8 @@ class KnownSecretMocks(PlanMocks):
             state.update(certPem=CERT_PEM)
         elif args.typ == "tls:index/certRequest:CertRequest":
             state.update(certRequestPem="-----BEGIN CERTIFICATE REQUEST-----\nMOCK\n-----END CERTIFICATE REQUEST-----\n")
+        elif args.typ == "random:index/randomBytes:RandomBytes":
+            state.update(base64=ENCRYPTION_KEY_B64)
         elif args.typ == "random:index/randomPassword:RandomPassword":
             if args.name in RANDOM_RESULTS:
                 state.update(result=RANDOM_RESULTS[args.name])

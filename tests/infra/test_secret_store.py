@@ -1,0 +1,189 @@
+"""No secret in any machine's user data or metadata, on every cloud.
+
+Every example cluster (heron on AWS, ibis on GCP, jaguar on Azure) is planned
+with its real cloud package and mocks that know every secret (as after a
+real `pulumi up`). The test then reads the UNMASKED inputs the providers
+would get (what the mocks receive, not the masked plan) and walks every
+resource: user data, launch template user data, instance metadata and
+custom data must hold no PEM private key, no bootstrap token, no encryption
+key and no VPN key. The same secrets must be in the secret store's values
+(the control: a test that finds nothing where nothing can be is no test).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import gzip
+from typing import Any
+
+import pytest
+from pulumi.runtime import rpc
+
+from corral.infra import bootstrap
+from corral.infra.plan import plan_stack
+from corral.model import load_fleet
+from corral.model.layout import layout
+
+from .conftest import ENCRYPTION_KEY_B64, EXAMPLES, KEY_PEM, PSK_PREFIX, KnownSecretMocks
+
+EXAMPLE_NAMES = ("heron", "ibis", "jaguar")
+# Where machines get their boot documents, per provider type: the input keys.
+USER_DATA_KEYS = {"userData", "userDataBase64", "user-data", "customData", "metadata", "metadataStartupScript"}
+# The secret store's value inputs, per cloud.
+SECRET_VALUE_TYPES = {
+    "aws:secretsmanager/secretVersion:SecretVersion": "secretString",
+    "gcp:secretmanager/secretVersion:SecretVersion": "secretData",
+    "azure-native:keyvault:Secret": "properties",
+}
+
+
+class SecretRecordingMocks(KnownSecretMocks):
+    """Known secrets, and every resource's inputs as the provider would get them (unmasked)."""
+
+    def __init__(self):
+        super().__init__()
+        self.registered: list[tuple[str, str, dict]] = []
+        self.random_results: dict[str, str] = {}
+
+    def new_resource(self, args):
+        resource_id, state = super().new_resource(args)
+        self.registered.append((args.typ, args.name, _plain(dict(args.inputs))))
+        if args.typ == "random:index/randomPassword:RandomPassword":
+            self.random_results[args.name] = state["result"]
+        return resource_id, state
+
+
+def _plain(value: Any) -> Any:
+    """The value without Pulumi's secret wrappers (what the provider would decrypt)."""
+    if isinstance(value, dict):
+        if value.get(rpc._special_sig_key) == rpc._special_secret_sig:
+            return _plain(value["value"])
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return value
+
+
+def _walk(value: Any, path: str = ""):
+    """(path, key, value) of every dict entry, however deep."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield path, key, item
+            yield from _walk(item, f"{path}.{key}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _walk(item, f"{path}[{index}]")
+
+
+def _texts(value: Any) -> list[str]:
+    """Every string in a value, and what base64 (and gzip) strings decode to."""
+    if isinstance(value, dict):
+        return [text for item in value.values() for text in _texts(item)]
+    if isinstance(value, list):
+        return [text for item in value for text in _texts(item)]
+    if not isinstance(value, str):
+        return []
+    texts = [value]
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        return texts
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    texts.append(raw.decode(errors="replace"))
+    return texts
+
+
+@pytest.fixture(scope="module", params=EXAMPLE_NAMES)
+def applied(request) -> tuple[str, SecretRecordingMocks]:
+    """An example planned as after `pulumi up`: every secret known to the mocks."""
+    cluster = load_fleet([EXAMPLES]).clusters[request.param]
+    mocks = SecretRecordingMocks()
+    plan_stack(cluster, EXAMPLES, mocks=mocks, preview=False)
+    return request.param, mocks
+
+
+def secret_values(mocks: SecretRecordingMocks) -> list[str]:
+    return [text for _kind, _name, value in _secrets(mocks) for text in _texts(value)]
+
+
+def _secrets(mocks: SecretRecordingMocks):
+    for kind, name, inputs in mocks.registered:
+        if kind in SECRET_VALUE_TYPES:
+            yield kind, name, inputs[SECRET_VALUE_TYPES[kind]]
+
+
+def forbidden(mocks: SecretRecordingMocks) -> dict[str, str]:
+    """What must never be in user data: what it is -> a distinctive piece of it."""
+    tokens = {name: value for name, value in mocks.random_results.items() if name.startswith("bootstrap-token-")}
+    assert any(name.endswith("-secret") for name in tokens), "the mocks issued no bootstrap token"
+    return {
+        "a PEM private key": "PRIVATE KEY-----",
+        "the test private key": KEY_PEM.splitlines()[1],
+        "the Secrets encryption key": ENCRYPTION_KEY_B64,
+        "a VPN pre-shared key": PSK_PREFIX,
+        **{f"bootstrap token part {name}": value for name, value in tokens.items() if name.endswith("-secret")},
+    }
+
+
+def test_no_user_data_or_metadata_holds_a_secret(applied):
+    name, mocks = applied
+    bad = forbidden(mocks)
+    documents = 0
+    for kind, resource, inputs in mocks.registered:
+        for path, key, value in _walk(inputs):
+            if key not in USER_DATA_KEYS:
+                continue
+            for text in _texts(value):
+                documents += "#cloud-config" in text
+                for what, needle in bad.items():
+                    assert needle not in text, f"{name}: {kind} {resource} {path}.{key} holds {what}"
+    machines = {"heron": 3 + 3 + 3, "ibis": 3 + 3 + 6, "jaguar": 5 + 5 + 3}[name]
+    assert documents >= machines, f"{name}: found only {documents} cloud-init documents"
+
+
+def test_user_data_names_the_machines_secret_and_the_store_holds_it(applied):
+    """The control: the keys and tokens are in the secret store's values (one secret per
+    machine role), bundled, and the user data references those secrets by name."""
+    name, mocks = applied
+    bundles = {}
+    for kind, resource, value in _secrets(mocks):
+        text = value["value"] if isinstance(value, dict) else value
+        bundles[resource] = bootstrap.unbundle(text)
+    files = {path: f for bundle in bundles.values() for path, f in bundle.items()}
+    assert KEY_PEM in files["/etc/kubernetes/pki/ca.key"].content
+    assert files["/etc/kubernetes/pki/ca.key"].mode == "0600"
+    assert files["/etc/etcd/pki/peer.key"].mode == "0600"
+    assert ENCRYPTION_KEY_B64 in files[bootstrap.ENCRYPTION_CONFIG].content
+    tokens = [f.content.strip() for bundle in bundles.values() for path, f in bundle.items() if path == bootstrap.TOKEN_FILE]
+    cluster = load_fleet([EXAMPLES]).clusters[name]
+    # The API servers' token, and one per cloud pool: all different.
+    assert len(tokens) == len(set(tokens)) == 1 + len(cluster.cloud_pools)
+    # Etcd member N's secret holds member N's keys only (the mocks issue one key
+    # for all, so: its own paths only, nothing of the API servers').
+    etcd = [b for b in bundles.values() if "/etc/etcd/pki/server.key" in b]
+    lay = layout(cluster)
+    assert len(etcd) == len(lay.etcd_members) + len(lay.events_members)
+    for bundle in etcd:
+        assert all(path.startswith("/etc/etcd/pki/") for path in bundle)
+    pools = [b for b in bundles.values() if set(b) == {bootstrap.TOKEN_FILE, bootstrap.CA_HASH_FILE}]
+    assert len(pools) == len(cluster.cloud_pools)
+
+
+@pytest.mark.parametrize("name", EXAMPLE_NAMES)
+def test_corral_plan_shows_user_data_with_references_only(name):
+    """`corral plan` (preview, masked): user data is shown, not masked, and names secrets."""
+    cluster = load_fleet([EXAMPLES]).clusters[name]
+    plan = plan_stack(cluster, EXAMPLES)
+    shown = 0
+    for resource in plan.resources:
+        for _path, key, value in _walk(resource["inputs"]):
+            if key in USER_DATA_KEYS and value != "[unknown]":
+                assert value != "[secret]", f"{resource['name']}: {key} is masked, so it still holds a secret"
+                for text in _texts(value):
+                    if text.startswith("#cloud-config"):
+                        shown += 1
+                        assert "/usr/local/sbin/corral-fetch-secrets" in text
+                        assert "PRIVATE KEY" not in text
+    assert shown >= 9
