@@ -139,3 +139,8 @@ def join(
 def register(app: typer.Typer) -> None:
     app.command()(inventory)
     app.command()(join)
+    from . import health
+
+    nodes_app = typer.Typer(help="The cluster's nodes: GPU health.", no_args_is_help=True)
+    health.register(nodes_app)
+    app.add_typer(nodes_app, name="nodes")

@@ -1,0 +1,155 @@
+"""`corral nodes health`: which nodes are unhealthy and why, and the remediation plan.
+
+Nodes are read with `kubectl get nodes -o json` (the process boundary); the
+conditions and taints the health agent wrote say what is wrong. The plan
+follows `health.remediation` in the cluster file: on-prem nodes are rebooted
+(their preflight runs again at boot and must pass before the taint goes),
+cloud nodes are replaced (their group starts a fresh instance), never more
+than `maxUnavailablePercent` of a pool at once, counting nodes that are
+already out (not Ready or cordoned).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from corral.health.classify import FAULT_CONDITIONS, PREFLIGHT_CONDITION
+from corral.model.schema import PREFLIGHT_TAINT_KEY, UNHEALTHY_TAINT_KEY, Cluster, OnPremPool
+
+POOL_LABEL = "corral.dev/pool"
+CLUSTER_LABEL = "corral.dev/cluster"
+
+
+class HealthError(Exception):
+    """The nodes cannot be read; the message says why."""
+
+
+def read_nodes(kubeconfig: Path | None) -> list[dict]:
+    exe = shutil.which("kubectl")
+    if exe is None:
+        raise HealthError("kubectl is not installed: it reads the nodes' conditions and taints")
+    if kubeconfig is None and not os.environ.get("KUBECONFIG"):
+        raise HealthError("no credential to read nodes: pass --kubeconfig FILE or set KUBECONFIG")
+    argv = [exe] + (["--kubeconfig", str(kubeconfig)] if kubeconfig else []) + ["get", "nodes", "-o", "json"]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    except subprocess.TimeoutExpired:
+        raise HealthError("kubectl get nodes did not answer in 120 s") from None
+    if proc.returncode != 0:
+        raise HealthError(f"kubectl get nodes failed (exit {proc.returncode}): {proc.stderr.strip()[:300]}")
+    try:
+        return json.loads(proc.stdout)["items"]
+    except (ValueError, KeyError, TypeError):
+        raise HealthError("kubectl get nodes -o json printed no node list") from None
+
+
+@dataclass
+class NodeHealth:
+    name: str
+    pool: str
+    provider: str
+    state: str                      # "unhealthy", "preflight" or "healthy"
+    effect: str = ""                # the unhealthy taint's effect
+    reasons: list[str] = field(default_factory=list)
+    out_of_service: bool = False    # not Ready or cordoned: already unavailable
+
+
+def assess(cluster: Cluster, nodes: list[dict]) -> list[NodeHealth]:
+    """The cluster's GPU nodes (by their pool label), with what their taints and conditions say."""
+    result = []
+    for node in nodes:
+        labels = node.get("metadata", {}).get("labels", {}) or {}
+        pool = cluster.pool(labels.get(POOL_LABEL, ""))
+        if pool is None or labels.get(CLUSTER_LABEL, cluster.name) != cluster.name:
+            continue
+        taints = {t.get("key"): t for t in node.get("spec", {}).get("taints", []) or []}
+        conditions = {c.get("type"): c for c in node.get("status", {}).get("conditions", []) or []}
+        reasons = [f"{t}: {c.get('reason')}: {c.get('message', '')}" for t, c in conditions.items()
+                   if t in FAULT_CONDITIONS and c.get("status") == "True"]
+        ready = conditions.get("Ready", {}).get("status") == "True"
+        health = NodeHealth(node["metadata"]["name"], pool.name, pool.provider, "healthy", reasons=reasons,
+                            out_of_service=not ready or bool(node.get("spec", {}).get("unschedulable")))
+        if UNHEALTHY_TAINT_KEY in taints:
+            health.state, health.effect = "unhealthy", taints[UNHEALTHY_TAINT_KEY].get("effect", "")
+        elif PREFLIGHT_TAINT_KEY in taints:
+            health.state = "preflight"
+            pre = conditions.get(PREFLIGHT_CONDITION)
+            health.reasons = [f"{PREFLIGHT_CONDITION}: {pre.get('reason')}: {pre.get('message', '')}"] if pre \
+                else ["no preflight verdict reported yet"]
+        elif reasons:
+            health.state = "unhealthy"
+        if not ready:
+            health.reasons.append("node not Ready")
+        result.append(health)
+    return sorted(result, key=lambda h: (h.state == "healthy", h.pool, h.name))
+
+
+@dataclass
+class Batch:
+    pool: str
+    action: str          # "reboot" or "replace"
+    nodes: list[str]
+
+
+@dataclass
+class Plan:
+    batches: list[Batch]
+    held: dict[str, list[str]]     # pool -> unhealthy nodes not acted on (policy none, or no budget)
+    budgets: dict[str, int]        # pool -> nodes that may be out at once
+
+
+def plan_remediation(cluster: Cluster, health: list[NodeHealth]) -> Plan:
+    """Which unhealthy nodes to remediate, in batches no larger than each pool's budget.
+
+    The budget is `maxUnavailablePercent` of the pool's nodes (at least one),
+    less the pool's nodes already out of service that are not being
+    remediated. Batches run one after another: the next starts when the
+    previous batch's nodes are back and healthy.
+    """
+    policy = cluster.health.remediation
+    batches, held, budgets = [], {}, {}
+    for pool in cluster.node_pools:
+        members = [h for h in health if h.pool == pool.name]
+        sick = sorted(h.name for h in members if h.state == "unhealthy")
+        if not sick:
+            continue
+        action = policy.onprem if isinstance(pool, OnPremPool) else policy.cloud
+        if action == "none":
+            held[pool.name] = sick
+            continue
+        allowed = max(1, len(members) * policy.max_unavailable_percent // 100)
+        already_out = sum(1 for h in members if h.out_of_service and h.state != "unhealthy")
+        budget = max(0, allowed - already_out)
+        budgets[pool.name] = budget
+        if budget == 0:
+            held[pool.name] = sick
+            continue
+        for start in range(0, len(sick), budget):
+            batches.append(Batch(pool.name, action, sick[start:start + budget]))
+    return Plan(batches, held, budgets)
+
+
+def steps(cluster: Cluster, batch: Batch) -> list[str]:
+    """The commands one batch runs (shown by the dry run)."""
+    nodes = " ".join(batch.nodes)
+    if batch.action == "reboot":
+        limit = " ".join(f"--limit {n}" for n in batch.nodes)
+        return [
+            # Back behind the preflight before the reboot: the node must pass again.
+            f"kubectl taint nodes {nodes} {PREFLIGHT_TAINT_KEY}=pending:NoSchedule --overwrite",
+            f"kubectl drain {nodes} --ignore-daemonsets --delete-emptydir-data --timeout=15m",
+            f"reboot through Ansible (corral join {cluster.name} --pool {batch.pool} {limit}: "
+            "the gpu_preflight unit runs at boot)",
+            f"kubectl uncordon {nodes}  (the health agent lifts both taints when the preflight passes)",
+        ]
+    return [
+        f"kubectl drain {nodes} --ignore-daemonsets --delete-emptydir-data --timeout=15m",
+        f"delete the instances of {nodes} from their {cluster.control_plane.cloud} group "
+        "(it starts fresh ones, which join behind the preflight taint)",
+        f"kubectl delete node {nodes}",
+    ]
