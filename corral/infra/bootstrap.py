@@ -98,6 +98,10 @@ AUDIT_LOG_MAX_BACKUPS = 10
 AUDIT_LOG_MAX_SIZE_MB = 100
 ENCRYPTION_DIR = "/etc/kubernetes/encryption"
 ENCRYPTION_CONFIG = f"{ENCRYPTION_DIR}/config.yaml"
+# Every cloud's instance metadata service (GCP's metadata.google.internal too).
+INSTANCE_METADATA_IP = "169.254.169.254"
+BLOCK_POD_METADATA_SCRIPT = "/usr/local/sbin/corral-block-pod-metadata"
+BLOCK_POD_METADATA_UNIT = "corral-block-pod-metadata.service"
 # 60 x 10 s: read grants (IAM, Key Vault RBAC) can take minutes to apply.
 FETCH_ATTEMPTS = 60
 FETCH_RETRY_SECONDS = 10
@@ -336,8 +340,14 @@ def node_files(cluster: Cluster) -> list[File]:
         File(PROVIDER_ID_SCRIPT, render_provider_id_script(cluster.control_plane.cloud), "0755"),
         File("/etc/modules-load.d/corral.conf", "overlay\nbr_netfilter\n"),
         File("/etc/sysctl.d/90-corral.conf", sysctl_conf(cluster)),
+        # Pods may not reach the metadata service (identity tokens, user data).
+        File(BLOCK_POD_METADATA_SCRIPT, render(
+            "scripts/block-pod-metadata.sh.j2", pod_cidr=cluster.kubernetes.pod_cidr, metadata_ip=INSTANCE_METADATA_IP,
+        ), "0755"),
+        File(f"/etc/systemd/system/{BLOCK_POD_METADATA_UNIT}", render("scripts/block-pod-metadata.service.j2")),
         File("/usr/local/sbin/corral-node-prep", render(
             "scripts/node-prep.sh.j2",
+            block_pod_metadata_unit=BLOCK_POD_METADATA_UNIT,
             kubernetes_version=cluster.kubernetes.version,
             k8s_repo=f"https://pkgs.k8s.io/core:/stable:/v{minor}/deb/",
             package_version=apt_package_version(cluster.kubernetes.version),
@@ -739,7 +749,9 @@ def token_ttl_hours() -> int:
     """`corral:bootstrapTokenTtlHours` (stack config), else DEFAULT_TOKEN_TTL_HOURS."""
     import pulumi
 
-    hours = pulumi.Config("corral").get_int("bootstrapTokenTtlHours") or DEFAULT_TOKEN_TTL_HOURS
+    hours = pulumi.Config("corral").get_int("bootstrapTokenTtlHours")
+    if hours is None:
+        return DEFAULT_TOKEN_TTL_HOURS
     if not 1 <= hours <= MAX_TOKEN_TTL_HOURS:
         raise ValueError(
             f"corral:bootstrapTokenTtlHours is {hours}; bootstrap tokens must expire within "

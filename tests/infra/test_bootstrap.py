@@ -335,6 +335,22 @@ def test_pool_nodes_join_with_the_shared_template_and_their_labels_and_taints():
     assert commands == [FETCH, "/usr/local/sbin/corral-pool-node"]
 
 
+def test_pods_cannot_reach_the_instance_metadata_service():
+    """Every kubelet machine drops pod-network traffic to 169.254.169.254 (the
+    metadata service on every cloud: identity tokens that read its secret)."""
+    ibis = example("ibis")
+    lay = layout(ibis)
+    for document in (render_api_server_cloud_init(ibis, lay, 0, REF), render_pool_cloud_init(ibis, lay, ibis.cloud_pools[0], REF)):
+        files, _ = cloud_config(document)
+        script = files[bootstrap.BLOCK_POD_METADATA_SCRIPT]["content"]
+        assert f"PREROUTING -s {ibis.kubernetes.pod_cidr} -d 169.254.169.254/32" in script and "-j DROP)" in script
+        assert "iptables -t raw -C" in script  # idempotent: checked before inserted
+        unit = files[f"/etc/systemd/system/{bootstrap.BLOCK_POD_METADATA_UNIT}"]["content"]
+        assert "Before=kubelet.service" in unit and "ExecStart=/usr/local/sbin/corral-block-pod-metadata" in unit
+        prep = files["/usr/local/sbin/corral-node-prep"]["content"]
+        assert prep.index(f"systemctl enable --now {bootstrap.BLOCK_POD_METADATA_UNIT}") < prep.index("systemctl enable kubelet")
+
+
 def test_nodes_get_the_clusters_arp_thresholds_and_pinned_kubernetes():
     jaguar = example("jaguar")
     files, _ = cloud_config(render_pool_cloud_init(jaguar, layout(jaguar), jaguar.pool("cpu-d64"), REF))
@@ -374,12 +390,58 @@ def test_every_boot_script_is_valid_bash(name, tmp_path):
         if file["content"].startswith("#!/bin/bash")
     ]
     # Every machine: fetch-secrets; etcd: data disk + install etcd; per API server:
-    # node-prep, provider ID, hairpin, its script (on AWS also the API load
-    # balancer's DNS name); pool: node-prep, provider ID, its script.
-    per_api_server = 1 + (5 if cluster.control_plane.cloud == "aws" else 4)
-    assert len(scripts) == (1 + 2) + 2 * per_api_server + (1 + 3)
+    # node-prep, provider ID, pod metadata block, hairpin, its script (on AWS also
+    # the API load balancer's DNS name); pool: node-prep, provider ID, metadata block, its script.
+    per_api_server = 1 + (6 if cluster.control_plane.cloud == "aws" else 5)
+    assert len(scripts) == (1 + 2) + 2 * per_api_server + (1 + 4)
     for number, (path, text) in enumerate(scripts):
         script = tmp_path / f"{number}.sh"
         script.write_text(text)
         result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
         assert result.returncode == 0, f"{path}: {result.stderr}"
+
+
+# --- Audit log, Secrets encryption, token lifetime ------------------------------------------
+
+
+def test_api_servers_audit_and_encrypt_secrets():
+    jaguar = example("jaguar")
+    lay, files, _ = api_server(jaguar, 0)
+    cluster_config = docs(files["/etc/kubernetes/kubeadm/init.yaml"]["content"])["ClusterConfiguration"]
+    args = extra_args(cluster_config["apiServer"])
+    assert args["audit-policy-file"] == bootstrap.AUDIT_POLICY
+    assert args["audit-log-path"] == "/var/log/kubernetes/audit/audit.log"
+    assert (args["audit-log-maxage"], args["audit-log-maxbackup"], args["audit-log-maxsize"]) == ("30", "10", "100")
+    assert args["encryption-provider-config"] == bootstrap.ENCRYPTION_CONFIG
+    volumes = {v["name"]: v for v in cluster_config["apiServer"]["extraVolumes"]}
+    assert volumes["audit-policy"] == {"name": "audit-policy", "hostPath": bootstrap.AUDIT_POLICY,
+                                       "mountPath": bootstrap.AUDIT_POLICY, "readOnly": True, "pathType": "File"}
+    assert volumes["audit-log"]["readOnly"] is False and volumes["audit-log"]["hostPath"] == "/var/log/kubernetes/audit"
+    assert volumes["encryption-config"]["readOnly"] is True
+    assert bootstrap.ENCRYPTION_CONFIG.startswith(volumes["encryption-config"]["mountPath"] + "/")
+    # The policy: in user data (no secret in it); the encryption key: in the secret, 0600.
+    user_data, _ = cloud_config(render_api_server_cloud_init(jaguar, lay, 0, REF))
+    policy = yaml.safe_load(user_data[bootstrap.AUDIT_POLICY]["content"])
+    assert policy["kind"] == "Policy" and policy["apiVersion"] == "audit.k8s.io/v1"
+    levels = [(rule["level"], rule) for rule in policy["rules"]]
+    secrets_rule = next(rule for level, rule in levels if any("secrets" in r.get("resources", []) for r in rule.get("resources", [])))
+    assert secrets_rule["level"] == "Metadata"  # never a Secret's content in the log
+    rbac = next(rule for level, rule in levels if any(r.get("group") == "rbac.authorization.k8s.io" for r in rule.get("resources", [])))
+    assert rbac["level"] == "RequestResponse" and "get" not in rbac["verbs"]
+    assert levels[0][0] == "None" and levels[-1] == ("Metadata", {"level": "Metadata"})
+    assert bootstrap.ENCRYPTION_CONFIG not in user_data
+    encryption = files[bootstrap.ENCRYPTION_CONFIG]
+    assert encryption["permissions"] == "0600"
+    config = yaml.safe_load(encryption["content"])
+    assert config["kind"] == "EncryptionConfiguration"
+    (resource,) = config["resources"]
+    assert resource["resources"] == ["secrets"]
+    assert resource["providers"][0] == {"secretbox": {"keys": [{"name": "corral-1", "secret": ENCRYPTION_KEY}]}}
+    assert resource["providers"][-1] == {"identity": {}}  # Secrets written before still read
+
+
+def test_token_lifetime_is_what_the_stack_says():
+    heron = example("heron")
+    init = docs(bootstrap.render_kubeadm_init_config(heron, layout(heron), TOKENS, token_ttl_hours=6))["InitConfiguration"]
+    assert [t["ttl"] for t in init["bootstrapTokens"]] == ["6h0m0s", "6h0m0s"]
+    assert [t["description"] for t in init["bootstrapTokens"]] == ["API servers", "a pool"]

@@ -627,7 +627,10 @@ def test_kube_env_is_what_cluster_autoscaler_parses():
     labels = dict(kv.split("=", 1) for kv in fields["node_labels"].split(","))
     assert labels == cluster.node_labels(pool)
     taints = dict(kv.split("=", 1) for kv in fields["node_taints"].split(","))
-    assert taints == {"nvidia.com/gpu": "present:NoSchedule"}
+    assert taints == {t.key: f"{t.value}:{t.effect}" for t in cluster.node_taints(pool)}
+    # GPU pools: the GPU taint, and the preflight taint until the node's GPU check passes.
+    assert taints["nvidia.com/gpu"] == "present:NoSchedule"
+    assert taints["corral.dev/preflight"] == "pending:NoSchedule"
 
 
 def test_n1_gpu_pools_attach_accelerators(tmp_path):

@@ -97,3 +97,33 @@ def test_private_keys_are_secret_wherever_they_go(fake_plan, known_secret_mocks)
     assert key_body not in text
     assert RANDOM_RESULTS["bootstrap-token-secret"] not in text
     assert PSK_PREFIX not in text
+
+
+def test_every_cloud_pool_has_its_own_token_and_all_rotate_together(fake_plan, cluster_variant):
+    """Bootstrap tokens: the API servers' and one per cloud pool, each replaced when
+    `corral:bootstrapTokenRotation` changes (random keepers)."""
+    ibis = example("ibis")
+    pools = [p.name for p in ibis.cloud_pools]
+    for rotation, config in (("initial", {}), ("2026-11-24", {"corral:bootstrapTokenRotation": "2026-11-24"})):
+        pki = by_name(fake_plan(ibis, stack_config=config))
+        tokens = sorted(name for name in pki if name.startswith("bootstrap-token"))
+        assert tokens == sorted(
+            f"bootstrap-token{part}-{half}" for part in ["", *(f"-{p}" for p in pools)] for half in ("id", "secret")
+        )
+        for name in tokens:
+            assert pki[name]["inputs"]["keepers"] == {"rotation": rotation}, name
+            assert pki[name]["inputs"]["length"] == (6 if name.endswith("-id") else 16)
+    key = pki["secrets-encryption-key"]
+    assert key["type"] == "random:index/randomBytes:RandomBytes" and key["inputs"]["length"] == 32
+
+
+@pytest.mark.parametrize("hours, ok", [("6", True), ("168", True), ("0", False), ("169", False)])
+def test_bootstrap_token_ttl_is_hours_and_bounded(fake_plan, hours, ok):
+    from corral.infra.plan import PlanError
+
+    heron = example("heron")
+    if ok:
+        fake_plan(heron, stack_config={"corral:bootstrapTokenTtlHours": hours})
+        return
+    with pytest.raises(PlanError, match=r"corral:bootstrapTokenTtlHours is \d+; bootstrap tokens must expire within 1\.\.168 hours"):
+        fake_plan(heron, stack_config={"corral:bootstrapTokenTtlHours": hours})
