@@ -21,6 +21,7 @@ Wiring (corral/infra/program.py, after the API servers and the stack outputs):
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Mapping
 
 import pulumi
@@ -102,6 +103,51 @@ class ApiServerReady(pulumi.dynamic.Resource):
         )
 
 
+BOOTSTRAP_TOKEN_GROUP = "system:bootstrappers:kubeadm:default-node-token"
+
+
+def token_expiration(rotation: str | None, ttl_hours: int, now: datetime.datetime) -> str:
+    """When the tokens of `rotation` expire (RFC 3339, UTC).
+
+    `corral:bootstrapTokenRotation` is the time the tokens were issued, an
+    RFC 3339 time ("2026-11-24T06:00:00Z"): they expire `ttl_hours` after it,
+    the same on every `pulumi up` until the next rotation. Unset, the tokens
+    expire `ttl_hours` after this run, so each `pulumi up` extends the same
+    tokens (a warning says so).
+    """
+    if rotation is None:
+        issued = now
+    else:
+        try:
+            issued = datetime.datetime.fromisoformat(rotation.replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError(
+                f"corral:bootstrapTokenRotation is {rotation!r}: give the time the tokens are issued, "
+                "RFC 3339 (e.g. 2026-11-24T06:00:00Z), in stacks/Pulumi.<cluster>.yaml"
+            ) from None
+        if issued.tzinfo is None:
+            issued = issued.replace(tzinfo=datetime.timezone.utc)
+    expires = issued.astimezone(datetime.timezone.utc) + datetime.timedelta(hours=ttl_hours)
+    return expires.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def bootstrap_token_secret(token: str, description: str, expiration: str) -> dict:
+    """The kube-system Secret that makes `token` a bootstrap token (what `kubeadm token create` writes)."""
+    token_id, token_secret = token.split(".", 1)
+    return {
+        "name": f"bootstrap-token-{token_id}",
+        "string_data": {
+            "token-id": token_id,
+            "token-secret": token_secret,
+            "expiration": expiration,
+            "usage-bootstrap-authentication": "true",
+            "usage-bootstrap-signing": "true",
+            "auth-extra-groups": BOOTSTRAP_TOKEN_GROUP,
+            "description": description,
+        },
+    }
+
+
 def _retain(args: pulumi.ResourceTransformArgs) -> pulumi.ResourceTransformResult | None:
     """Keep namespaces and CRDs in the cluster when their add-on goes away (see RETAINED_KINDS)."""
     if any(args.type_ == f"kubernetes:{group}:{kind}" for kind in RETAINED_KINDS
@@ -117,7 +163,13 @@ class Addons(pulumi.ComponentResource):
     kubeconfig: the admin kubeconfig (stack output `adminKubeconfig`).
     cloud_settings: values only the program knows, for the cluster-autoscaler's
     ConfigMap (keys per cloud in `CLOUD_SETTINGS_KEYS`; AWS needs none).
-    Attributes: provider, ready, groups (add-on name -> ConfigGroup).
+    bootstrap_tokens: what joins with which token (the API servers, each cloud
+    pool) -> the token (secret). Each becomes a bootstrap-token Secret in
+    kube-system expiring `token_ttl_hours` after its rotation
+    (`token_expiration`); a rotation (new tokens) replaces the Secrets, which
+    revokes the old tokens at once.
+    Attributes: provider, ready, groups (add-on name -> ConfigGroup),
+    bootstrap_tokens (what -> k8s Secret).
     """
 
     def __init__(
@@ -127,6 +179,9 @@ class Addons(pulumi.ComponentResource):
         kubeconfig: pulumi.Input[str],
         cloud_settings: Mapping[str, pulumi.Input[str]] | None = None,
         opts: pulumi.ResourceOptions | None = None,
+        bootstrap_tokens: Mapping[str, pulumi.Input[str]] | None = None,
+        token_ttl_hours: int = 24,
+        token_rotation: str | None = None,
     ):
         super().__init__("corral:addons:Addons", name, None, opts)
         cluster = ctx.cluster
@@ -163,6 +218,29 @@ class Addons(pulumi.ComponentResource):
                 k8s.core.v1.NamespacePatch(
                     f"{name}-{addon.name}-{namespace}",
                     metadata=obj["metadata"],
+                    opts=on_cluster,
+                )
+
+        self.bootstrap_tokens: dict[str, k8s.core.v1.Secret] = {}
+        if bootstrap_tokens:
+            if token_rotation is None:
+                from .platform import warn_once
+
+                warn_once(
+                    "corral:bootstrapTokenRotation is not set: every `pulumi up` extends the same bootstrap "
+                    f"tokens by {token_ttl_hours} h. Set it to the time you issue tokens (RFC 3339) and change "
+                    "it to rotate them (see corral/infra/addons.py token_expiration)."
+                )
+            expiration = token_expiration(token_rotation, token_ttl_hours, datetime.datetime.now(datetime.timezone.utc))
+            for what, token in bootstrap_tokens.items():
+                secret = pulumi.Output.secret(token).apply(
+                    lambda value, what=what: bootstrap_token_secret(value, f"corral: machines of {what} join with this token", expiration)
+                )
+                self.bootstrap_tokens[what] = k8s.core.v1.Secret(
+                    f"{name}-bootstrap-token-{what}",
+                    metadata={"name": secret["name"], "namespace": "kube-system"},
+                    type="bootstrap.kubernetes.io/token",
+                    string_data=secret["string_data"],
                     opts=on_cluster,
                 )
 

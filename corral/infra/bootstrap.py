@@ -90,6 +90,12 @@ SECRET_ENDPOINTS = {
 # (and every cloud pool's) with `corral:bootstrapTokenRotation` (pki.py).
 DEFAULT_TOKEN_TTL_HOURS = 24
 MAX_TOKEN_TTL_HOURS = 168
+# kubeadm init's own token (it makes one when given none): nothing joins with it.
+INIT_TOKEN_TTL_HOURS = 1
+# Joins retry while their token is not registered yet (Pulumi registers the
+# tokens once the first API server answers): 90 x 20 s.
+JOIN_ATTEMPTS = 90
+JOIN_RETRY_SECONDS = 20
 # Audit log and Secrets encryption of the API servers.
 AUDIT_POLICY = "/etc/kubernetes/audit/policy.yaml"
 AUDIT_LOG_DIR = "/var/log/kubernetes/audit"
@@ -553,12 +559,14 @@ def kubeadm_context(
 
 
 def render_kubeadm_init_config(
-    cluster: Cluster, lay: Layout, tokens: list[JoinToken], token_ttl_hours: int = DEFAULT_TOKEN_TTL_HOURS
+    cluster: Cluster, lay: Layout, tokens: list[JoinToken], token_ttl_hours: int = INIT_TOKEN_TTL_HOURS
 ) -> str:
     """The first API server's `kubeadm init` config (Init, Cluster and Kubelet configuration).
 
-    It registers every token in `tokens` (the API servers' and each cloud
-    pool's), each expiring `token_ttl_hours` after the init.
+    It registers `tokens` (kubeadm init's own, which nothing joins with),
+    each expiring `token_ttl_hours` after the init. The tokens machines join
+    with are registered by Pulumi (addons.BootstrapTokens), so a rotation
+    reaches the cluster.
     """
     context = kubeadm_context(cluster, lay, lay.api_servers[0], tokens, [], token_ttl_hours)
     return render("kubeadm/init-configuration.yaml.j2", **context)
@@ -578,11 +586,11 @@ def encryption_config(key_base64: str) -> str:
 
 
 def api_server_secret_files(
-    cluster: Cluster, lay: Layout, tls: ControlPlaneTls, tokens: list[JoinToken], ca_cert_hash: str,
-    encryption_key: str, token_ttl_hours: int = DEFAULT_TOKEN_TTL_HOURS,
+    cluster: Cluster, lay: Layout, tls: ControlPlaneTls, join_token: str, init_token: str, ca_cert_hash: str,
+    encryption_key: str,
 ) -> list[File]:
     """The API servers' secret: CA and service-account keys, the etcd client key, the
-    init config with every bootstrap token, their own join token and the encryption key."""
+    init config (with kubeadm init's own token), their join token and the encryption key."""
     pki = "/etc/kubernetes/pki"
     return [
         File(f"{pki}/ca.crt", tls.ca_cert),
@@ -594,9 +602,11 @@ def api_server_secret_files(
         File(f"{pki}/etcd/ca.crt", tls.etcd_ca_cert),
         File(f"{pki}/apiserver-etcd-client.crt", tls.etcd_client_cert),
         File(f"{pki}/apiserver-etcd-client.key", tls.etcd_client_key, "0600"),
-        # Only server 0 inits (the others delete it unread); it lists every token.
-        File(f"{KUBEADM_DIR}/init.yaml", render_kubeadm_init_config(cluster, lay, tokens, token_ttl_hours), "0600"),
-        *join_secret_files(tokens[0].token, ca_cert_hash),
+        # Only server 0 inits (the others delete it unread).
+        File(f"{KUBEADM_DIR}/init.yaml", render_kubeadm_init_config(
+            cluster, lay, [JoinToken(init_token, "corral: kubeadm init's own; nothing joins with it")],
+        ), "0600"),
+        *join_secret_files(join_token, ca_cert_hash),
         File(ENCRYPTION_CONFIG, encryption_config(encryption_key), "0600"),
     ]
 
@@ -640,6 +650,7 @@ def render_api_server_cloud_init(cluster: Cluster, lay: Layout, index: int, ref:
             api_dns_name_script=API_DNS_NAME_SCRIPT if api_dns_name_files(cluster) else "",
             token_placeholder=TOKEN_PLACEHOLDER, ca_hash_placeholder=CA_HASH_PLACEHOLDER,
             token_file=TOKEN_FILE, ca_hash_file=CA_HASH_FILE,
+            join_attempts=JOIN_ATTEMPTS, join_retry_seconds=JOIN_RETRY_SECONDS,
         ), "0755"),
     ]
     image = coscheduling_image(cluster)
@@ -689,6 +700,7 @@ def render_pool_cloud_init(cluster: Cluster, lay: Layout, pool: CloudPool, ref: 
             provider_id_placeholder=PROVIDER_ID_PLACEHOLDER, provider_id_script=PROVIDER_ID_SCRIPT,
             token_placeholder=TOKEN_PLACEHOLDER, ca_hash_placeholder=CA_HASH_PLACEHOLDER,
             token_file=TOKEN_FILE, ca_hash_file=CA_HASH_FILE, kubeadm_dir=KUBEADM_DIR,
+            join_attempts=JOIN_ATTEMPTS, join_retry_seconds=JOIN_RETRY_SECONDS,
         ), "0755"),
     ]
     return cloud_config("cloud pool node", pool.name, files, ["/usr/local/sbin/corral-pool-node"], ref)
@@ -738,11 +750,11 @@ def check_renders(cluster: Cluster, lay: Layout) -> None:
     plan`) never resolves: without this, a template or input error would
     only show at `pulumi up`, halfway through creating machines.
     """
-    token, digest = JoinToken("abcdef.0123456789abcdef", "placeholder"), "sha256:" + "0" * 64
+    token, digest = "abcdef.0123456789abcdef", "sha256:" + "0" * 64
     tls = ControlPlaneTls(*[PLACEHOLDER_PEM] * 9)
     bundle(etcd_secret_files(EtcdMemberTls(*[PLACEHOLDER_PEM] * 5)))
-    bundle(api_server_secret_files(cluster, lay, tls, [token], digest, "A" * 44))
-    bundle(pool_secret_files(token.token, digest))
+    bundle(api_server_secret_files(cluster, lay, tls, token, token, digest, "A" * 44))
+    bundle(pool_secret_files(token, digest))
 
 
 def token_ttl_hours() -> int:
@@ -766,7 +778,6 @@ def machine_secrets(ctx: ClusterContext, pki: Pki, store: Any) -> MachineSecrets
 
     cluster, lay = ctx.cluster, ctx.layout
     check_renders(cluster, lay)
-    ttl = token_ttl_hours()
     refs = MachineSecrets()
 
     for member in (*lay.etcd_members, *lay.events_members):
@@ -782,15 +793,9 @@ def machine_secrets(ctx: ClusterContext, pki: Pki, store: Any) -> MachineSecrets
         pki.service_account_key.private_key_pem, pki.service_account_key.public_key_pem,
         pki.etcd_ca.cert_pem, pki.apiserver_etcd_client.cert_pem, pki.apiserver_etcd_client.key_pem,
     ).apply(lambda pems: ControlPlaneTls(*pems))
-    pool_names = [pool.name for pool in cluster.cloud_pools]
-    tokens = pulumi.Output.all(pki.bootstrap_token, *(pki.pool_tokens[name] for name in pool_names)).apply(
-        lambda values: [JoinToken(values[0], "corral: API servers join with this token")] + [
-            JoinToken(token, f"corral: nodes of cloud pool {name}") for name, token in zip(pool_names, values[1:])
-        ]
-    )
-    value = pulumi.Output.all(control_plane_tls, tokens, pki.ca_cert_hash, pki.encryption_key).apply(
-        lambda values: bundle(api_server_secret_files(cluster, lay, values[0], values[1], values[2], values[3], ttl))
-    )
+    value = pulumi.Output.all(
+        control_plane_tls, pki.bootstrap_token, pki.init_token, pki.ca_cert_hash, pki.encryption_key,
+    ).apply(lambda values: bundle(api_server_secret_files(cluster, lay, *values)))
     refs.api_servers = store.put(APISERVER_SECRET, pulumi.Output.secret(value))
 
     for pool in cluster.cloud_pools:

@@ -158,6 +158,7 @@ class Pki(pulumi.ComponentResource):
         apiserver_etcd_client, admin              IssuedCert
         bootstrap_token                           secret Output "[a-z0-9]{6}.[a-z0-9]{16}" (API servers)
         pool_tokens                               cloud pool name -> its own token (secret)
+        init_token                                kubeadm init's own (unused, 1 h)
         encryption_key                            secret Output: 32 random bytes, base64
         ca_cert_hash                              Output "sha256:<hex>"
         vpn_shared_keys                           site name -> secret Output
@@ -205,6 +206,10 @@ class Pki(pulumi.ComponentResource):
         # string: a date is a good one): `random` keepers make new values.
         rotation = token_rotation()
         self.bootstrap_token: pulumi.Output[str] = self._token("bootstrap-token", rotation)
+        # `kubeadm init` generates a token of its own when given none; this one
+        # stands in for it, lives an hour, and nothing joins with it. Every
+        # token that machines join with is registered by Pulumi (addons.py).
+        self.init_token: pulumi.Output[str] = self._token("bootstrap-token-init", rotation)
         # One token per cloud pool: a pool's machines can read only their own
         # (in the secret store), and a pool's token is revoked on its own.
         self.pool_tokens: dict[str, pulumi.Output[str]] = {

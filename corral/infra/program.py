@@ -153,6 +153,11 @@ def build(cluster: Cluster, platform: ModuleType | None = None) -> Deployment:
         name("addons"), ctx, deployment.outputs["adminKubeconfig"],
         cloud_settings=node_pools.cloud_settings if node_pools else None,
         opts=pulumi.ResourceOptions(depends_on=[api_servers]),
+        # The tokens machines join with: registered here, so a rotation reaches the cluster.
+        bootstrap_tokens={"apiservers": pki.bootstrap_token,
+                          **{f"pool-{pool}": token for pool, token in pki.pool_tokens.items()}},
+        token_ttl_hours=bootstrap.token_ttl_hours(),
+        token_rotation=pulumi.Config("corral").get("bootstrapTokenRotation"),
     )
     return deployment
 

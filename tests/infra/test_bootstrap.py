@@ -150,6 +150,7 @@ def test_disk_paths_match_the_cloud_packages():
 
 
 TOKENS = [JoinToken(TOKEN, "API servers"), JoinToken(POOL_TOKEN, "a pool")]
+INIT_TOKEN = "inittk.0123456789initxx"
 
 
 def api_server(cluster, index: int = 0, with_secret: bool = True):
@@ -157,7 +158,7 @@ def api_server(cluster, index: int = 0, with_secret: bool = True):
     lay = layout(cluster)
     files, commands = cloud_config(render_api_server_cloud_init(cluster, lay, index, REF))
     if with_secret:
-        keys = secret(api_server_secret_files(cluster, lay, CP_TLS, TOKENS, DIGEST, ENCRYPTION_KEY))
+        keys = secret(api_server_secret_files(cluster, lay, CP_TLS, TOKEN, INIT_TOKEN, DIGEST, ENCRYPTION_KEY))
         assert not set(keys) & set(files)
         files = {**files, **keys}
     return lay, files, commands
@@ -170,8 +171,10 @@ def test_first_api_server_inits_with_external_etcd_and_large_cluster_flags():
     assert files["/etc/kubernetes/kubeadm/init.yaml"]["permissions"] == "0600"
     init = kubeadm["InitConfiguration"]
     assert init["apiVersion"] == "kubeadm.k8s.io/v1beta4"
-    assert [t["token"] for t in init["bootstrapTokens"]] == [TOKEN, POOL_TOKEN]
-    assert {t["ttl"] for t in init["bootstrapTokens"]} == {"24h0m0s"}  # tokens expire
+    # kubeadm init registers its own short-lived token only; machines join with
+    # tokens Pulumi registers (addons), the API servers' from their secret.
+    assert [(t["token"], t["ttl"]) for t in init["bootstrapTokens"]] == [(INIT_TOKEN, "1h0m0s")]
+    assert files[bootstrap.TOKEN_FILE] == {"content": TOKEN + "\n", "permissions": "0600"}
     assert init["localAPIEndpoint"]["advertiseAddress"] == lay.api_servers[0].ip
     cluster_config = kubeadm["ClusterConfiguration"]
     assert cluster_config["controlPlaneEndpoint"] == lay.api_endpoint

@@ -108,7 +108,7 @@ def test_every_cloud_pool_has_its_own_token_and_all_rotate_together(fake_plan, c
         pki = by_name(fake_plan(ibis, stack_config=config))
         tokens = sorted(name for name in pki if name.startswith("bootstrap-token"))
         assert tokens == sorted(
-            f"bootstrap-token{part}-{half}" for part in ["", *(f"-{p}" for p in pools)] for half in ("id", "secret")
+            f"bootstrap-token{part}-{half}" for part in ["", "-init", *(f"-{p}" for p in pools)] for half in ("id", "secret")
         )
         for name in tokens:
             assert pki[name]["inputs"]["keepers"] == {"rotation": rotation}, name

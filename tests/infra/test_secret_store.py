@@ -28,8 +28,14 @@ from corral.model.layout import layout
 from .conftest import ENCRYPTION_KEY_B64, EXAMPLES, KEY_PEM, PSK_PREFIX, KnownSecretMocks
 
 EXAMPLE_NAMES = ("heron", "ibis", "jaguar")
-# Where machines get their boot documents, per provider type: the input keys.
-USER_DATA_KEYS = {"userData", "userDataBase64", "user-data", "customData", "metadata", "metadataStartupScript"}
+# Where machines get their boot documents: the input keys (and, on GCE, all
+# instance metadata; a Kubernetes object's `metadata` is something else).
+USER_DATA_KEYS = {"userData", "userDataBase64", "user-data", "customData", "metadataStartupScript"}
+GCE_METADATA_TYPES = ("gcp:compute/instance:Instance", "gcp:compute/instanceTemplate:InstanceTemplate")
+
+
+def boot_document_keys(kind: str) -> set[str]:
+    return USER_DATA_KEYS | {"metadata"} if kind in GCE_METADATA_TYPES else USER_DATA_KEYS
 # The secret store's value inputs, per cloud.
 SECRET_VALUE_TYPES = {
     "aws:secretsmanager/secretVersion:SecretVersion": "secretString",
@@ -133,7 +139,7 @@ def test_no_user_data_or_metadata_holds_a_secret(applied):
     documents = 0
     for kind, resource, inputs in mocks.registered:
         for path, key, value in _walk(inputs):
-            if key not in USER_DATA_KEYS:
+            if key not in boot_document_keys(kind):
                 continue
             for text in _texts(value):
                 documents += "#cloud-config" in text
@@ -179,7 +185,7 @@ def test_corral_plan_shows_user_data_with_references_only(name):
     shown = 0
     for resource in plan.resources:
         for _path, key, value in _walk(resource["inputs"]):
-            if key in USER_DATA_KEYS and value != "[unknown]":
+            if key in boot_document_keys(resource["type"]) and value != "[unknown]":
                 assert value != "[secret]", f"{resource['name']}: {key} is masked, so it still holds a secret"
                 for text in _texts(value):
                     if text.startswith("#cloud-config"):
@@ -187,3 +193,52 @@ def test_corral_plan_shows_user_data_with_references_only(name):
                         assert "/usr/local/sbin/corral-fetch-secrets" in text
                         assert "PRIVATE KEY" not in text
     assert shown >= 9
+
+
+# --- Bootstrap tokens are registered by Pulumi, so rotation reaches the cluster -------------
+
+
+def test_join_tokens_become_bootstrap_token_secrets_expiring_after_their_rotation():
+    heron = load_fleet([EXAMPLES]).clusters["heron"]
+    mocks = SecretRecordingMocks()
+    config = {"corral:bootstrapTokenRotation": "2026-11-24T06:00:00Z", "corral:bootstrapTokenTtlHours": "6"}
+    from corral.infra.plan import plan_cluster, read_stack_config, stack_config_file
+
+    stack, secret_keys = read_stack_config(stack_config_file("heron", EXAMPLES))
+    plan = plan_cluster(heron, mocks=mocks, preview=False, stack_config={**stack, **config}, secret_config_keys=secret_keys)
+    secrets = {name: inputs for kind, name, inputs in mocks.registered if kind == "kubernetes:core/v1:Secret"}
+    expected = {"heron-addons-bootstrap-token-apiservers",
+                *(f"heron-addons-bootstrap-token-pool-{p.name}" for p in heron.cloud_pools)}
+    assert set(secrets) == expected
+    token_ids = set()
+    for name, inputs in secrets.items():
+        data = inputs["stringData"]
+        assert inputs["type"] == "bootstrap.kubernetes.io/token"
+        assert inputs["metadata"] == {"name": f"bootstrap-token-{data['token-id']}", "namespace": "kube-system"}
+        assert data["expiration"] == "2026-11-24T12:00:00Z"  # rotation + 6 h, the same on every run
+        assert data["usage-bootstrap-authentication"] == data["usage-bootstrap-signing"] == "true"
+        assert data["auth-extra-groups"] == "system:bootstrappers:kubeadm:default-node-token"
+        token_ids.add(data["token-id"])
+    assert len(token_ids) == len(secrets)  # every pool its own token
+    # In the plan the tokens stay masked.
+    shown = [r for r in plan.resources if r["type"] == "kubernetes:core/v1:Secret"]
+    assert shown and all(r["inputs"]["stringData"] == "[secret]" for r in shown)
+
+
+def test_token_expiration_from_the_rotation_time():
+    import datetime
+
+    from corral.infra.addons import token_expiration
+
+    now = datetime.datetime(2026, 11, 24, 3, 0, tzinfo=datetime.timezone.utc)
+    assert token_expiration("2026-11-24T06:00:00Z", 24, now) == "2026-11-25T06:00:00Z"
+    assert token_expiration("2026-11-24T08:00:00+02:00", 1, now) == "2026-11-24T07:00:00Z"
+    assert token_expiration(None, 24, now) == "2026-11-25T03:00:00Z"  # unset: from this run
+    with pytest.raises(ValueError, match=r"corral:bootstrapTokenRotation is 'monday': give the time .* RFC 3339"):
+        token_expiration("monday", 24, now)
+
+
+def test_unset_rotation_warns_that_tokens_are_extended():
+    cluster = load_fleet([EXAMPLES]).clusters["ibis"]
+    plan = plan_stack(cluster, EXAMPLES)
+    assert any("corral:bootstrapTokenRotation is not set" in d for d in plan.diagnostics)
