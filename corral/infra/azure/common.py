@@ -1,5 +1,8 @@
 """What the Azure components share: image, admin user, names, ids, user data.
 
+Stack settings: `corral:keyVaultName` (secrets.py), and the bootstrap token
+settings every cloud reads (stacks/README.md).
+
 Everything here is plain Python over `ClusterContext`: no resource is
 created, so each component module reads top to bottom as the resources it
 registers.

@@ -25,6 +25,9 @@ Stack settings (`stacks/Pulumi.<cluster>.yaml`; none is required for
                            default: `corral:nodeImage`.
     corral:cloudRouterAsn  BGP ASN of the VPN's Cloud Router (default 64514,
                            a private ASN; it must differ from every site's).
+    corral:gpuSecureBoot   Secure Boot on GPU machines too (default false: the
+                           NVIDIA modules node images build with DKMS are
+                           unsigned); see `shielded_vm`.
 """
 
 from __future__ import annotations
