@@ -796,7 +796,7 @@ def test_program_plan_of_jaguar(jaguar_plan):
     assert sorted(v["name"] for v in by_type["azure-native:compute:VirtualMachineScaleSet"]) == [
         "jaguar-cpu-d64-1", "jaguar-cpu-d64-2", "jaguar-cpu-d64-3"]
     assert len(by_type["azure-native:network:VirtualNetworkGatewayConnection"]) == 1
-    # The cloud-init holds private keys: never in the plan.
+    # The cloud-init holds references to the secret store, never a key: shown in the plan.
     for vm in by_type["azure-native:compute:VirtualMachine"]:
         text = base64.b64decode(vm["inputs"]["osProfile"]["customData"]).decode()
         assert text.startswith("#cloud-config") and "corral-fetch-secrets" in text and "PRIVATE KEY" not in text

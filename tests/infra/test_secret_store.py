@@ -110,10 +110,6 @@ def applied(request) -> tuple[str, SecretRecordingMocks]:
     return request.param, mocks
 
 
-def secret_values(mocks: SecretRecordingMocks) -> list[str]:
-    return [text for _kind, _name, value in _secrets(mocks) for text in _texts(value)]
-
-
 def _secrets(mocks: SecretRecordingMocks):
     for kind, name, inputs in mocks.registered:
         if kind in SECRET_VALUE_TYPES:
