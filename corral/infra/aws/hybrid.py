@@ -15,7 +15,7 @@ from .network import Network
 
 # What AWS takes as a tunnel's pre-shared key: 8-64 characters of letters,
 # digits, '.' and '_', not starting with '0'.
-PSK_PATTERN = re.compile(r"^[A-Za-z1-9._][A-Za-z0-9._]{7,63}$")
+PSK_PATTERN = re.compile(r"\A[A-Za-z1-9._][A-Za-z0-9._]{7,63}\Z")
 # A customer gateway's `bgp_asn` is 1..2^31-1; larger (4-byte) ASNs go in
 # `bgp_asn_extended`.
 BGP_ASN_MAX = 2_147_483_647

@@ -54,14 +54,14 @@ TAG_APISERVER = "apiserver"
 TAG_NODE = "node"
 
 # GCE resource names (RFC 1035 labels, at most 63 characters).
-_GCE_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_GCE_NAME = re.compile(r"\A[a-z]([-a-z0-9]*[a-z0-9])?\Z")
 GCE_NAME_MAX = 63
 # A MIG appends "-xxxx" to its base instance name, which GCE caps at 58.
 BASE_INSTANCE_NAME_MAX = 58
 # GCE labels: keys start with a lower-case letter; keys and values are at
 # most 63 characters of lower-case letters, digits, '_' and '-'.
-_LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
-_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
+_LABEL_KEY = re.compile(r"\A[a-z][a-z0-9_-]{0,62}\Z")
+_LABEL_VALUE = re.compile(r"\A[a-z0-9_-]{0,63}\Z")
 
 
 # Shielded VM on every instance and template: Secure Boot (only signed boot
