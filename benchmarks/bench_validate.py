@@ -47,8 +47,8 @@ controlPlane:
   apiServers: {{count: 5, machineType: Standard_D32s_v5}}
   etcd:
     members: 5
-    machineType: Standard_E16s_v5
-    disk: {{type: PremiumV2_LRS, sizeGiB: 1024, iops: 40000, throughputMBps: 1000}}
+    machineType: Standard_E32s_v5
+    disk: {{type: PremiumV2_LRS, sizeGiB: 1024, iops: 40000, throughputMBps: 800}}
 sites:
   - name: {site}
     cidrs: [10.{index}.0.0/16]
