@@ -26,12 +26,12 @@ def test_nothing_changed(repo):
 
 def test_pool_resize_and_etcd_iops(repo):
     edit(repo, "heron", "maxSize: 80", "maxSize: 120")
-    edit(repo, "heron", "iops: 16000", "iops: 20000")
+    edit(repo, "heron", "iops: 12000", "iops: 10000")
     report = compute(repo, plan=False)
     assert [c.name for c in report.clusters] == ["heron"]
     lines = texts(report, "heron")
     assert "pool gpu-a10g resized: 0-80 → 0-120 nodes" in lines
-    assert "controlPlane.etcd.disk.iops: 16,000 → 20,000" in lines
+    assert "controlPlane.etcd.disk.iops: 12,000 → 10,000" in lines
     assert "capacity: up to 420 → 460 nodes, 640 → 800 GPUs" in lines
 
 
