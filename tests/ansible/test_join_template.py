@@ -14,6 +14,8 @@ import jinja2
 import pytest
 import yaml
 
+from corral.nodes.inventory import mark_unsafe, to_ansible_json
+
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_DIR = REPO / "ansible"
 JOIN_TEMPLATE = REPO / "corral" / "templates" / "kubeadm" / "join-configuration.yaml.j2"
@@ -105,63 +107,10 @@ def test_awkward_values_stay_valid_yaml():
     assert doc["nodeRegistration"]["name"] == "n: #1 'x'"
 
 
-def test_ansible_template_module_renders_identically(tmp_path):
-    # includes characters jinja's tojson escapes (<, >, &, ') to check both
-    # sides escape them alike
-    variables = dict(VARS, node_labels=dict(VARS["node_labels"], odd="a<b>&'c'"))
+def _render_with_ansible(tmp_path: Path, variables_json: object) -> Path:
+    """Render the join template with Ansible's own template module; the file it wrote."""
     vars_file = tmp_path / "vars.json"
-    vars_file.write_text(json.dumps(variables))
-    dest = tmp_path / "ansible.yaml"
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(ANSIBLE_DIR / "ansible.cfg"),
-        ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path / "facts"),
-    )
-    res = subprocess.run(
-        [
-            "ansible",
-            "localhost",
-            "-c",
-            "local",
-            "-m",
-            "ansible.builtin.template",
-            "-a",
-            f"src={JOIN_TEMPLATE} dest={dest}",
-            "-e",
-            f"@{vars_file}",
-        ],
-        cwd=ANSIBLE_DIR,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    if res.returncode != 0 and "No module named" in res.stderr:
-        pytest.skip("ansible-core not installed")
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert dest.read_text() == render(variables)
-
-
-def _unsafe(value):
-    """Every string as Ansible's JSON unsafe mark, as corral's inventory sends it."""
-    if isinstance(value, str):
-        return {"__ansible_unsafe": value}
-    if isinstance(value, dict):
-        return {k: _unsafe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_unsafe(v) for v in value]
-    return value
-
-
-def test_unsafe_marked_values_render_identically_and_literally(tmp_path):
-    """The inventory marks every value unsafe: the template renders them the
-    same, and a template hidden in a value stays text under Ansible."""
-    marker = tmp_path / "evaluated"
-    labels = dict(VARS["node_labels"], odd=f"{{{{ lookup('pipe', 'touch {marker}') }}}}")
-    variables = dict(VARS, node_labels=labels)
-    vars_file = tmp_path / "vars.json"
-    vars_file.write_text(json.dumps(_unsafe(variables)))
+    vars_file.write_text(json.dumps(variables_json))
     dest = tmp_path / "ansible.yaml"
     env = dict(
         os.environ,
@@ -176,6 +125,25 @@ def test_unsafe_marked_values_render_identically_and_literally(tmp_path):
     if res.returncode != 0 and "No module named" in res.stderr:
         pytest.skip("ansible-core not installed")
     assert res.returncode == 0, res.stdout + res.stderr
+    return dest
+
+
+def test_ansible_template_module_renders_identically(tmp_path):
+    # includes characters jinja's tojson escapes (<, >, &, ') to check both
+    # sides escape them alike
+    variables = dict(VARS, node_labels=dict(VARS["node_labels"], odd="a<b>&'c'"))
+    dest = _render_with_ansible(tmp_path, variables)
+    assert dest.read_text() == render(variables)
+
+
+def test_unsafe_marked_values_render_identically_and_literally(tmp_path):
+    """The inventory marks every value unsafe: the template renders them the
+    same, and a template hidden in a value stays text under Ansible."""
+    marker = tmp_path / "evaluated"
+    labels = dict(VARS["node_labels"], odd=f"{{{{ lookup('pipe', 'touch {marker}') }}}}")
+    variables = dict(VARS, node_labels=labels)
+    # marked exactly as corral's inventory marks what it hands Ansible
+    dest = _render_with_ansible(tmp_path, to_ansible_json(mark_unsafe(variables)))
     assert not marker.exists()
     assert dest.read_text() == render(variables)
     assert "{{ lookup(" in dest.read_text()
