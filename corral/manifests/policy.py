@@ -108,7 +108,10 @@ def gpu_tolerations(cluster: Cluster) -> list[dict[str, str]]:
         for taint in cluster.node_taints(pool):
             if (taint.key, taint.effect) not in wanted:
                 wanted.append((taint.key, taint.effect))
-    return [toleration(key, effect) for key, effect in wanted]
+    # The GPU health agent's taint, any effect: its NoExecute form must not
+    # evict the device plugin or dcgm-exporter from the very node whose GPUs
+    # need watching (docs/gpu-health.md).
+    return [toleration(key, effect) for key, effect in wanted] + [toleration(UNHEALTHY_TAINT_KEY)]
 
 
 # --- Teams ---------------------------------------------------------------
