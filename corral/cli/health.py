@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cluster_or_exit, fail, out
+from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cluster_or_exit, err, fail, out
 
 STATE_STYLE = {"unhealthy": "bold red", "preflight": "yellow", "healthy": "green"}
 
@@ -21,18 +21,24 @@ def health(
         help="Credential that reads nodes. Default: $KUBECONFIG.", dir_okay=False)] = None,
     show_all: Annotated[bool, typer.Option("--all", help="List healthy nodes too.")] = False,
     remediate: Annotated[bool, typer.Option(
-        "--remediate", help="Show the remediation plan (health.remediation in the cluster file): "
-                            "batches within each pool's budget and the commands they run. Dry run: "
-                            "nothing is changed.")] = False,
+        "--remediate", help="Remediate unhealthy nodes by health.remediation in the cluster file: reboot "
+                            "on-prem nodes (Ansible, preflight again), replace cloud instances; in batches "
+                            "within each pool's budget, stopping at maxFailedNodes failures.")] = False,
+    check: Annotated[bool, typer.Option(
+        "--check", help="With --remediate: show the batches and the exact commands; change nothing.")] = False,
+    runs_dir: Annotated[Optional[Path], typer.Option(help="Where the Ansible logs of reboots go.")] = None,
 ) -> None:
     """GPU nodes that are unhealthy or still behind their preflight, with the reasons the health agent gave."""
-    from corral.health.report import HealthError, assess, plan_remediation, read_nodes, steps
+    from corral.health.kube import HealthError, Kubectl
+    from corral.health.report import assess, plan_remediation
 
     cluster = cluster_or_exit(clusters, name)
     try:
-        nodes = assess(cluster, read_nodes(kubeconfig))
+        kubectl = Kubectl(kubeconfig)
+        raw = kubectl.nodes()
     except HealthError as error:
         fail(str(error))
+    nodes = assess(cluster, raw)
     shown = nodes if show_all else [n for n in nodes if n.state != "healthy"]
     table = Table(title=escape(f"GPU node health of {name}"))
     for column in ("node", "pool", "state", "taint", "reasons"):
@@ -46,20 +52,58 @@ def health(
     out.print(f"{len(nodes)} GPU nodes: {counts['unhealthy']} unhealthy, {counts['preflight']} behind preflight, "
               f"{counts['healthy']} healthy", markup=False)
     if not remediate:
+        if check:
+            fail("--check goes with --remediate")
         return
     plan = plan_remediation(cluster, nodes)
-    out.print(f"remediation plan (dry run; at most {cluster.health.remediation.max_unavailable_percent}% "
-              "of a pool at once):", markup=False)
+    provider_ids = {n.name: n.provider_id for n in nodes}
+    _print_plan(cluster, plan, provider_ids, check)
+    if check or not plan.batches:
+        return
+    _execute(cluster, plan, kubectl, provider_ids, runs_dir)
+
+
+def _print_plan(cluster, plan, provider_ids: dict[str, str], check: bool) -> None:
+    from corral.health.remediate import steps
+
+    policy = cluster.health.remediation
+    out.print(f"remediation plan{' (check: nothing is changed)' if check else ''}: at most "
+              f"{policy.max_unavailable_percent}% of a pool at once, stop after {policy.max_failed_nodes} "
+              "failed node(s)", markup=False)
     for number, batch in enumerate(plan.batches, start=1):
         out.print(f"batch {number}: {batch.action} {', '.join(batch.nodes)} (pool {batch.pool}, "
                   f"budget {plan.budgets[batch.pool]})", markup=False)
-        for step in steps(cluster, batch):
+        for step in steps(cluster, batch, provider_ids):
             out.print(f"  {step}", markup=False)
     for pool, held in plan.held.items():
         why = "policy none" if pool not in plan.budgets else "no budget left: nodes already out of service"
         out.print(f"held in pool {pool} ({why}): {', '.join(held)}", markup=False)
     if not plan.batches and not plan.held:
         out.print("nothing to remediate", markup=False)
+
+
+def _execute(cluster, plan, kubectl, provider_ids: dict[str, str], runs_dir: Optional[Path]) -> None:
+    from corral.health.kube import HealthError
+    from corral.health.remediate import AnsibleReboot, execute
+    from corral.nodes.join import JoinError, default_runs_dir
+
+    try:
+        runner = AnsibleReboot(cluster, kubectl, Path(runs_dir or default_runs_dir(cluster.name))) \
+            if any(b.action == "reboot" for b in plan.batches) else None
+        report = execute(cluster, plan, kubectl, provider_ids, runner,
+                         on_batch=lambda n, b: err.print(f"running batch {n}: {b.action} {', '.join(b.nodes)}",
+                                                         markup=False))
+    except (HealthError, JoinError) as error:
+        fail(str(error))
+    for outcome in report.outcomes:
+        out.print(f"{outcome.node}: {outcome.action} {'ok' if outcome.ok else 'FAILED'}: {outcome.detail}",
+                  markup=False)
+    for pool, held in report.held.items():
+        out.print(f"held in pool {pool} ({report.why_held.get(pool, '')}): {', '.join(held)}", markup=False)
+    done = sum(o.ok for o in report.outcomes)
+    out.print(f"remediated {done} of {len(report.outcomes)} node(s); {len(report.failed)} failed", markup=False)
+    if report.failed:
+        raise typer.Exit(1)
 
 
 def register(nodes_app: typer.Typer) -> None:

@@ -11,41 +11,22 @@ already out (not Ready or cordoned).
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from corral.health.classify import FAULT_CONDITIONS, PREFLIGHT_CONDITION
+from corral.health.kube import CORDON_ANNOTATION, HealthError, Kubectl  # noqa: F401  (HealthError: the CLI's)
 from corral.model.schema import PREFLIGHT_TAINT_KEY, UNHEALTHY_TAINT_KEY, Cluster, OnPremPool
 
 POOL_LABEL = "corral.dev/pool"
+# The cordon mark (kube.CORDON_ANNOTATION's value) of a remediation.
+REMEDIATION_CORDON = "corral-remediation"
 CLUSTER_LABEL = "corral.dev/cluster"
 
 
-class HealthError(Exception):
-    """The nodes cannot be read; the message says why."""
-
-
 def read_nodes(kubeconfig: Path | None) -> list[dict]:
-    exe = shutil.which("kubectl")
-    if exe is None:
-        raise HealthError("kubectl is not installed: it reads the nodes' conditions and taints")
-    if kubeconfig is None and not os.environ.get("KUBECONFIG"):
-        raise HealthError("no credential to read nodes: pass --kubeconfig FILE or set KUBECONFIG")
-    argv = [exe] + (["--kubeconfig", str(kubeconfig)] if kubeconfig else []) + ["get", "nodes", "-o", "json"]
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
-    except subprocess.TimeoutExpired:
-        raise HealthError("kubectl get nodes did not answer in 120 s") from None
-    if proc.returncode != 0:
-        raise HealthError(f"kubectl get nodes failed (exit {proc.returncode}): {proc.stderr.strip()[:300]}")
-    try:
-        return json.loads(proc.stdout)["items"]
-    except (ValueError, KeyError, TypeError):
-        raise HealthError("kubectl get nodes -o json printed no node list") from None
+    """Every node of the cluster (`kubectl get nodes -o json`)."""
+    return Kubectl(kubeconfig).nodes()
 
 
 @dataclass
@@ -57,6 +38,8 @@ class NodeHealth:
     effect: str = ""                # the unhealthy taint's effect
     reasons: list[str] = field(default_factory=list)
     out_of_service: bool = False    # not Ready or cordoned: already unavailable
+    provider_id: str = ""           # spec.providerID: the cloud instance behind the node
+    resume: bool = False            # cordoned by an interrupted remediation: finish it
 
 
 def assess(cluster: Cluster, nodes: list[dict]) -> list[NodeHealth]:
@@ -72,8 +55,11 @@ def assess(cluster: Cluster, nodes: list[dict]) -> list[NodeHealth]:
         reasons = [f"{t}: {c.get('reason')}: {c.get('message', '')}" for t, c in conditions.items()
                    if t in FAULT_CONDITIONS and c.get("status") == "True"]
         ready = conditions.get("Ready", {}).get("status") == "True"
+        annotations = node.get("metadata", {}).get("annotations") or {}
         health = NodeHealth(node["metadata"]["name"], pool.name, pool.provider, "healthy", reasons=reasons,
-                            out_of_service=not ready or bool(node.get("spec", {}).get("unschedulable")))
+                            out_of_service=not ready or bool(node.get("spec", {}).get("unschedulable")),
+                            provider_id=node.get("spec", {}).get("providerID", ""),
+                            resume=annotations.get(CORDON_ANNOTATION) == REMEDIATION_CORDON)
         if UNHEALTHY_TAINT_KEY in taints:
             health.state, health.effect = "unhealthy", taints[UNHEALTHY_TAINT_KEY].get("effect", "")
         elif PREFLIGHT_TAINT_KEY in taints:
@@ -115,7 +101,8 @@ def plan_remediation(cluster: Cluster, health: list[NodeHealth]) -> Plan:
     batches, held, budgets = [], {}, {}
     for pool in cluster.node_pools:
         members = [h for h in health if h.pool == pool.name]
-        sick = sorted(h.name for h in members if h.state == "unhealthy")
+        # Unhealthy nodes, and nodes an interrupted run left cordoned (finished now).
+        sick = sorted(h.name for h in members if h.state == "unhealthy" or h.resume)
         if not sick:
             continue
         action = policy.onprem if isinstance(pool, OnPremPool) else policy.cloud
@@ -123,7 +110,9 @@ def plan_remediation(cluster: Cluster, health: list[NodeHealth]) -> Plan:
             held[pool.name] = sick
             continue
         allowed = max(1, len(members) * policy.max_unavailable_percent // 100)
-        already_out = sum(1 for h in members if h.out_of_service and h.state != "unhealthy")
+        # Out already: not Ready, cordoned, or still behind the preflight (a
+        # node just rebooted or replaced that takes no work yet).
+        already_out = sum(1 for h in members if h.name not in sick and (h.out_of_service or h.state == "preflight"))
         budget = max(0, allowed - already_out)
         budgets[pool.name] = budget
         if budget == 0:
@@ -132,24 +121,3 @@ def plan_remediation(cluster: Cluster, health: list[NodeHealth]) -> Plan:
         for start in range(0, len(sick), budget):
             batches.append(Batch(pool.name, action, sick[start:start + budget]))
     return Plan(batches, held, budgets)
-
-
-def steps(cluster: Cluster, batch: Batch) -> list[str]:
-    """The commands one batch runs (shown by the dry run)."""
-    nodes = " ".join(batch.nodes)
-    if batch.action == "reboot":
-        limit = " ".join(f"--limit {n}" for n in batch.nodes)
-        return [
-            # Back behind the preflight before the reboot: the node must pass again.
-            f"kubectl taint nodes {nodes} {PREFLIGHT_TAINT_KEY}=pending:NoSchedule --overwrite",
-            f"kubectl drain {nodes} --ignore-daemonsets --delete-emptydir-data --timeout=15m",
-            f"reboot through Ansible (corral join {cluster.name} --pool {batch.pool} {limit}: "
-            "the gpu_preflight unit runs at boot)",
-            f"kubectl uncordon {nodes}  (the health agent lifts both taints when the preflight passes)",
-        ]
-    return [
-        f"kubectl drain {nodes} --ignore-daemonsets --delete-emptydir-data --timeout=15m",
-        f"delete the instances of {nodes} from their {cluster.control_plane.cloud} group "
-        "(it starts fresh ones, which join behind the preflight taint)",
-        f"kubectl delete node {nodes}",
-    ]

@@ -439,6 +439,11 @@ class Remediation(Spec):
     cloud: Literal["replace", "none"] = "replace"
     # Never more than this share of a pool's nodes out at once (at least one node).
     max_unavailable_percent: int = Field(10, ge=1, le=100)
+    # Failure budget: a run stops once this many nodes did not come back
+    # healthy (drain refused, no reboot, preflight failed, instance not
+    # deleted); the rest are held for a person. Something systematic (a bad
+    # driver, a PDB) must not cycle through the whole pool.
+    max_failed_nodes: int = Field(1, ge=1, le=1000)
 
 
 class Health(Spec):

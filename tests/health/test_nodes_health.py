@@ -107,15 +107,18 @@ def run_cli(tmp_path, nodes, *args, fail=False):
     return result, calls
 
 
-def test_cli_lists_unhealthy_nodes_and_the_dry_run_plan(tmp_path):
-    result, calls = run_cli(tmp_path, h100_fleet(7), "--remediate", "--kubeconfig", str(tmp_path / "k.conf"))
+def test_cli_lists_unhealthy_nodes_and_the_check_plan(tmp_path):
+    (tmp_path / "k.conf").write_text("fake")
+    result, calls = run_cli(tmp_path, h100_fleet(7), "--remediate", "--check", "--kubeconfig", str(tmp_path / "k.conf"))
     assert result.exit_code == 0, result.output
     assert calls == [["--kubeconfig", str(tmp_path / "k.conf"), "get", "nodes", "-o", "json"]]  # reads only
     assert "gpu-007.sf1.internal" in result.stdout and "Xid79" in result.stdout
     assert "64 GPU nodes: 7 unhealthy, 0 behind preflight, 57 healthy" in result.stdout
+    assert "remediation plan (check: nothing is changed)" in result.stdout
     assert "batch 1: reboot gpu-001.sf1.internal, " in result.stdout
     assert "batch 2: reboot gpu-007.sf1.internal (pool gpu-h100-sf1, budget 6)" in result.stdout
-    assert "kubectl taint nodes gpu-007.sf1.internal corral.dev/preflight=pending:NoSchedule" in result.stdout
+    assert "ansible-playbook -i INVENTORY playbooks/remediate.yml --limit gpu-007.sf1.internal" in result.stdout
+    assert not (tmp_path / "nodes.json.ansible.log").exists()
 
 
 def test_cli_reports_kubectl_failures_without_a_traceback(tmp_path):

@@ -1,0 +1,242 @@
+"""Executing the remediation plan (`corral nodes health CLUSTER --remediate`).
+
+Batches come from `report.plan_remediation` (each within its pool's
+`maxUnavailablePercent`) and run one after another; a run stops when
+`maxFailedNodes` nodes did not come back healthy, and the rest are held.
+
+- on-prem (`onprem: reboot`): `ansible/playbooks/remediate.yml` on the
+  batch's hosts (`ansible-playbook --limit`): back behind the preflight
+  taint, cordon and drain (kubectl on this machine, the join's kubeconfig),
+  reboot, the preflight of the new boot, uncordon, and wait until the health
+  agent lifts both taints. Success is read back from the cluster, not from
+  Ansible: a node is remediated when it is schedulable and neither taint is
+  left.
+- cloud (`cloud: replace`): cordon and drain, then the instance goes through
+  its cloud's API (`instance_command`: the provider's CLI, with the
+  operator's own cloud login), then the Node object is deleted. The group
+  starts a fresh machine, which joins behind the preflight taint. One batch
+  per pool and run: the next batch waits until the replacements have joined
+  (a later run counts them as out while they sit behind their preflight).
+
+`--check` prints the same batches and the exact commands, and changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from corral.model.schema import PREFLIGHT_TAINT_KEY, UNHEALTHY_TAINT_KEY, Cluster
+
+from .kube import CORDON_ANNOTATION, HealthError, Kubectl
+from .report import REMEDIATION_CORDON, Batch, Plan
+
+PLAYBOOK = "playbooks/remediate.yml"
+
+# spec.providerID of the three clouds' machines, as their cloud providers set it.
+AWS_ID = re.compile(r"\Aaws:///(?P<zone>[a-z0-9-]+)/(?P<instance>i-[0-9a-f]+)\Z")
+GCE_ID = re.compile(r"\Agce://(?P<project>[a-z0-9:.-]+)/(?P<zone>[a-z0-9-]+)/(?P<instance>[a-z0-9-]+)\Z")
+AZURE_VMSS_ID = re.compile(
+    r"\Aazure:///subscriptions/(?P<sub>[0-9a-fA-F-]+)/resourceGroups/(?P<group>[-\w.()]+)/providers/"
+    r"Microsoft\.Compute/virtualMachineScaleSets/(?P<vmss>[-\w.]+)/virtualMachines/(?P<id>\d+)\Z", re.I)
+
+
+class RemediationError(HealthError):
+    pass
+
+
+def instance_command(cloud: str, provider_id: str) -> list[str]:
+    """The command that takes a cloud node's instance away so its group replaces it.
+
+    - AWS: terminate in the Auto Scaling group without lowering its desired
+      capacity: the group launches a replacement at once.
+    - GCP: `recreate-instances` on the zonal MIG (named by the instance's base
+      name, `<mig>-<suffix>`): same name, fresh machine.
+    - Azure: delete the scale-set instance; the scale set shrinks by one and
+      cluster-autoscaler grows it again for the drained pods still pending
+      (a scale set has no replace-in-place that gives new hardware).
+    """
+    if cloud == "aws" and (m := AWS_ID.match(provider_id)):
+        return ["aws", "autoscaling", "terminate-instance-in-auto-scaling-group", "--instance-id", m["instance"],
+                "--no-should-decrement-desired-capacity", "--region", m["zone"].rstrip("abcdefghijklmnopqrstuvwxyz")]
+    if cloud == "gcp" and (m := GCE_ID.match(provider_id)) and "-" in m["instance"]:
+        return ["gcloud", "compute", "instance-groups", "managed", "recreate-instances",
+                m["instance"].rsplit("-", 1)[0], f"--instances={m['instance']}", f"--zone={m['zone']}",
+                f"--project={m['project']}", "--quiet"]
+    if cloud == "azure" and (m := AZURE_VMSS_ID.match(provider_id)):
+        return ["az", "vmss", "delete-instances", "--subscription", m["sub"], "--resource-group", m["group"],
+                "--name", m["vmss"], "--instance-ids", m["id"]]
+    raise RemediationError(f"providerID {provider_id or '(none)'!r} is not a {cloud} scale-group instance: "
+                           "cannot find the machine to replace")
+
+
+def playbook_argv(inventory: str, hosts: list[str], extra_vars: str) -> list[str]:
+    return ["ansible-playbook", "-i", inventory, PLAYBOOK, "--limit", ",".join(hosts), "-e", f"@{extra_vars}"]
+
+
+def playbook_vars(kubectl: Kubectl, batch: Batch) -> dict:
+    return {
+        "corral_runner_kubeconfig": kubectl.kubeconfig_path,
+        "corral_remediate_batch": len(batch.nodes),
+        # corral counts failures across batches (maxFailedNodes); inside a
+        # batch every host runs to the end.
+        "corral_remediate_max_fail_percentage": 100,
+    }
+
+
+def steps(cluster: Cluster, batch: Batch, provider_ids: dict[str, str], kubectl_argv: str = "kubectl") -> list[str]:
+    """The commands one batch runs, as `--check` shows them."""
+    if batch.action == "reboot":
+        return [
+            f"cd ansible && {shlex.join(playbook_argv('INVENTORY', batch.nodes, 'VARS'))}",
+            f"  (VARS: {json.dumps({'corral_remediate_batch': len(batch.nodes)})} and the kubeconfig; per host: "
+            f"taint {PREFLIGHT_TAINT_KEY}=pending:NoSchedule, cordon, drain, reboot, preflight, uncordon, "
+            f"wait until {PREFLIGHT_TAINT_KEY} and {UNHEALTHY_TAINT_KEY} are lifted)",
+        ]
+    lines = []
+    for node in batch.nodes:
+        lines += [f"{kubectl_argv} annotate node {node} {CORDON_ANNOTATION}={REMEDIATION_CORDON} --overwrite",
+                  f"{kubectl_argv} cordon {node}",
+                  f"{kubectl_argv} drain {node} --ignore-daemonsets --delete-emptydir-data --timeout=900s"]
+        try:
+            lines.append(shlex.join(instance_command(cluster.control_plane.cloud, provider_ids.get(node, ""))))
+        except RemediationError as error:
+            lines.append(f"(fails: {error})")
+        lines.append(f"{kubectl_argv} delete node {node} --ignore-not-found")
+    return lines
+
+
+@dataclass
+class Outcome:
+    node: str
+    pool: str
+    action: str
+    ok: bool
+    detail: str
+
+
+@dataclass
+class Report:
+    outcomes: list[Outcome] = field(default_factory=list)
+    held: dict[str, list[str]] = field(default_factory=dict)   # pool -> nodes not acted on, with why below
+    why_held: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> list[Outcome]:
+        return [o for o in self.outcomes if not o.ok]
+
+
+def node_is_back(node: dict) -> tuple[bool, str]:
+    """Remediated: schedulable and neither health taint left; else what still stands."""
+    keys = {t.get("key") for t in node.get("spec", {}).get("taints") or []}
+    left = sorted(keys & {PREFLIGHT_TAINT_KEY, UNHEALTHY_TAINT_KEY})
+    problems = [f"still tainted {', '.join(left)}"] if left else []
+    if node.get("spec", {}).get("unschedulable"):
+        problems.append("still cordoned")
+    for c in node.get("status", {}).get("conditions") or []:
+        if c.get("type") == "GPUPreflightPassed" and c.get("status") != "True" and left:
+            problems.append(f"preflight: {c.get('reason')}: {c.get('message', '')}"[:300])
+    return not problems, "; ".join(problems)
+
+
+class AnsibleReboot:
+    """Runs remediate.yml for one batch of on-prem hosts (ansible-playbook, a process)."""
+
+    def __init__(self, cluster: Cluster, kubectl: Kubectl, runs_dir: Path) -> None:
+        from corral.nodes.join import ansible_dir
+
+        self.cluster, self.kubectl, self.runs_dir = cluster, kubectl, runs_dir
+        self.ansible = ansible_dir()
+
+    def __call__(self, batch: Batch) -> tuple[int, Path]:
+        from corral.nodes import inventory as inv
+
+        if shutil.which("ansible-playbook") is None:
+            raise RemediationError("ansible-playbook is not installed: it reboots on-prem nodes")
+        self.runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        log = self.runs_dir / f"remediate-{time.strftime('%Y%m%dT%H%M%S')}-{batch.pool}.log"
+        with tempfile.TemporaryDirectory(prefix="corral-remediate-") as folder:
+            inventory, extra = Path(folder) / "inventory.yml", Path(folder) / "vars.json"
+            # Values keep Ansible's unsafe mark: nothing of the cluster file is templated.
+            inventory.write_text(inv.to_ansible_yaml(inv.as_yaml_inventory(inv.build(self.cluster))))
+            extra.write_text(json.dumps(playbook_vars(self.kubectl, batch)))
+            with open(log, "w") as out:
+                proc = subprocess.run(playbook_argv(str(inventory), batch.nodes, str(extra)), cwd=self.ansible,
+                                      env={**os.environ, "ANSIBLE_CONFIG": str(self.ansible / "ansible.cfg"),
+                                           "ANSIBLE_NOCOLOR": "1"},
+                                      stdout=out, stderr=subprocess.STDOUT, check=False)
+        return proc.returncode, log
+
+
+def _reboot(batch: Batch, kubectl: Kubectl, run_playbook: Callable[[Batch], tuple[int, Path]]) -> list[Outcome]:
+    rc, log = run_playbook(batch)
+    outcomes = []
+    for name in batch.nodes:
+        try:
+            ok, detail = node_is_back(kubectl.node(name))
+        except HealthError as error:
+            ok, detail = False, str(error)
+        if not ok:
+            detail += f" (ansible-playbook exit {rc}; log {log})"
+        outcomes.append(Outcome(name, batch.pool, "reboot", ok, detail or "rebooted, preflight passed"))
+    return outcomes
+
+
+def _replace(cluster: Cluster, batch: Batch, kubectl: Kubectl, provider_ids: dict[str, str]) -> list[Outcome]:
+    outcomes = []
+    for name in batch.nodes:
+        try:
+            command = instance_command(cluster.control_plane.cloud, provider_ids.get(name, ""))
+            if shutil.which(command[0]) is None:
+                raise RemediationError(f"{command[0]} is not installed: it replaces {cluster.control_plane.cloud} "
+                                       "instances")
+            kubectl.cordon(name, REMEDIATION_CORDON)
+            kubectl.drain(name)
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+            if proc.returncode != 0:
+                raise RemediationError(f"{command[0]} exit {proc.returncode}: {proc.stderr.strip()[-300:]} "
+                                       "(the node stays cordoned)")
+            kubectl.delete_node(name)
+        except (HealthError, subprocess.TimeoutExpired) as error:
+            outcomes.append(Outcome(name, batch.pool, "replace", False, str(error)))
+            continue
+        outcomes.append(Outcome(name, batch.pool, "replace", True, f"instance replaced: {shlex.join(command)}"))
+    return outcomes
+
+
+def execute(cluster: Cluster, plan: Plan, kubectl: Kubectl, provider_ids: dict[str, str],
+            run_playbook: Callable[[Batch], tuple[int, Path]] | None = None,
+            on_batch: Callable[[int, Batch], None] = lambda number, batch: None) -> Report:
+    """Run the plan's batches in order within the failure budget; what happened to each node."""
+    budget = cluster.health.remediation.max_failed_nodes
+    report = Report(held={pool: list(nodes) for pool, nodes in plan.held.items()},
+                    why_held={pool: "policy none" if pool not in plan.budgets else "no budget left"
+                              for pool in plan.held})
+    replaced_pools: set[str] = set()
+    for number, batch in enumerate(plan.batches, start=1):
+        if len(report.failed) >= budget:
+            report.held.setdefault(batch.pool, []).extend(batch.nodes)
+            report.why_held[batch.pool] = f"failure budget spent ({len(report.failed)} of maxFailedNodes {budget})"
+            continue
+        if batch.action == "replace" and batch.pool in replaced_pools:
+            report.held.setdefault(batch.pool, []).extend(batch.nodes)
+            report.why_held[batch.pool] = "next batch after the replacements have joined: run again"
+            continue
+        on_batch(number, batch)
+        if batch.action == "reboot":
+            if run_playbook is None:
+                raise RemediationError("no Ansible runner for on-prem reboots")
+            report.outcomes += _reboot(batch, kubectl, run_playbook)
+        else:
+            report.outcomes += _replace(cluster, batch, kubectl, provider_ids)
+            replaced_pools.add(batch.pool)
+    return report
