@@ -21,6 +21,7 @@ NAME = "corral-gpu-health"
 # Debian-based: the same Python as the nodes' own preflight runs under.
 IMAGE = "docker.io/library/python:3.11.10-slim-bookworm"
 INTERVAL_SECONDS = 30
+HOST_COMMAND = ["nsenter", "--target", "1", "--mount", "--uts", "--ipc", "--net", "--pid", "--"]
 
 
 def preflight_script_name(pool_name: str) -> str:
@@ -43,6 +44,9 @@ def agent_config(cluster: Cluster) -> dict:
             # Cloud nodes have no Ansible run: the agent runs their preflight.
             "run_preflight": cloud and health.preflight.enabled,
             "preflight_script": preflight_script_name(pool.name) if cloud and health.preflight.enabled else None,
+            # nccl-tests on one node, every GPU: 1 GiB all-reduce (runs only where installed).
+            "nccl_command": ["all_reduce_perf", "-b", "1G", "-e", "1G", "-g", str(pool.gpu.count)],
+            "nccl_min_bus_gbps": health.active.nccl_min_bus_gbps,
         }
     return {
         "fatal_xids": sorted(health.xid.fatal),
@@ -50,6 +54,13 @@ def agent_config(cluster: Cluster) -> dict:
         "evict_on_fatal": health.evict_on_fatal,
         "verdict_path": preflight.VERDICT_PATH,
         "interval_seconds": INTERVAL_SECONDS,
+        "active": {"enabled": health.active.enabled, "interval_seconds": health.active.interval_hours * 3600,
+                   "dcgm_level": health.active.dcgm_level},
+        # DCGM and nccl-tests are host programs: run them in the host's
+        # namespaces (the pod has hostPID and is privileged).
+        "host_command": HOST_COMMAND,
+        "kernel_log": "/dev/kmsg",
+        "infiniband_sysfs": "/sys/class/infiniband",
         "taints": {"preflight": PREFLIGHT_TAINT_KEY, "unhealthy": UNHEALTHY_TAINT_KEY},
         "pools": pools,
     }

@@ -123,6 +123,43 @@ def sticky_faults(state: dict | None, boot_id: str, fresh: list) -> tuple[dict, 
     return {"boot_id": boot_id, "faults": kept}, faults
 
 
+def active_check_due(node: dict, pods: list, state: dict | None, now_epoch: float, active: dict) -> tuple[bool, str]:
+    """Whether to run the active check (GPU burn, NCCL all-reduce) now, and why (not).
+
+    Only on an idle node: no pod holds a GPU, it is in service (not cordoned,
+    not behind either health taint), and the last check is `interval_seconds` old.
+    """
+    if not active.get("enabled"):
+        return False, "active checks are off"
+    last = (state or {}).get("last_run")
+    if last is not None and now_epoch - last < active["interval_seconds"]:
+        return False, "checked recently"
+    keys = {t.get("key") for t in node.get("spec", {}).get("taints") or []}
+    if UNHEALTHY_TAINT in keys or PREFLIGHT_TAINT in keys:
+        return False, "already out of service (tainted)"
+    if node.get("spec", {}).get("unschedulable"):
+        return False, "cordoned"
+    busy = classify.gpu_pods(pods)
+    if busy:
+        return False, f"GPUs in use by {', '.join(busy[:3])}"
+    return True, "idle"
+
+
+def active_state(state: dict | None, boot_id: str, now_epoch: float, faults: list) -> dict:
+    """The active check's record: when it last ran, and its faults for this boot."""
+    kept = state.get("faults", []) if state and state.get("boot_id") == boot_id else []
+    return {"boot_id": boot_id, "last_run": now_epoch,
+            "faults": kept + [{"condition": f.condition, "reason": f.reason, "message": f.message,
+                               "severity": f.severity} for f in faults]}
+
+
+def active_faults_of_boot(state: dict | None, boot_id: str) -> list:
+    """A failed active check stands until the node reboots (remediation), like a kernel-log fault."""
+    if not state or state.get("boot_id") != boot_id:
+        return []
+    return [classify.Fault(f["condition"], f["reason"], f["message"], f["severity"]) for f in state["faults"]]
+
+
 # --- the node (impure) ------------------------------------------------------
 
 
@@ -151,6 +188,8 @@ def write_json(path: str, data: dict) -> None:
 
 def kernel_log(path: str = "/dev/kmsg") -> list[str]:
     """Every record still in the kernel's ring buffer (non-blocking read from the start)."""
+    if os.path.isfile(path):  # a saved log rather than the device: whole lines
+        return (read_text(path) or "").splitlines()
     lines = []
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -182,6 +221,21 @@ def run(argv: list[str]) -> str | None:
     return proc.stdout if proc.returncode == 0 else None
 
 
+def run_on_host(config: dict, argv: list[str], timeout: int) -> tuple[int, str] | None:
+    """(exit status, stdout) of a host program (nsenter into the host's namespaces: DCGM and
+    nccl-tests live on the host); None when it is not installed there."""
+    prefix = list(config.get("host_command", []))
+    try:
+        proc = subprocess.run(prefix + argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return 124, ""
+    except FileNotFoundError:
+        return None
+    if proc.returncode == 127 or (prefix and "No such file or directory" in proc.stderr and not proc.stdout):
+        return None
+    return proc.returncode, proc.stdout
+
+
 def rdma_links_from_sysfs(root: str = "/sys/class/infiniband") -> list[dict] | None:
     """`rdma -j link`'s answer, from sysfs (the image has no iproute2)."""
     try:
@@ -200,7 +254,7 @@ def rdma_links_from_sysfs(root: str = "/sys/class/infiniband") -> list[dict] | N
 
 
 def observe_faults(config: dict, pool: dict, state: dict | None, boot_id: str) -> tuple[dict, list]:
-    log = kernel_log()
+    log = kernel_log(config.get("kernel_log", "/dev/kmsg"))
     fresh = classify.xid_faults(classify.xid_events(log), set(config["fatal_xids"]), set(config["degraded_xids"]))
     fresh += classify.pcie_faults(log)
     state, faults = sticky_faults(state, boot_id, fresh)
@@ -212,7 +266,8 @@ def observe_faults(config: dict, pool: dict, state: dict | None, boot_id: str) -
         if pool.get("nvlink"):
             faults += classify.nvlink_faults(run(["nvidia-smi", "nvlink", "-s"]))
     if pool.get("roce_interfaces"):
-        faults += classify.roce_faults(rdma_links_from_sysfs(), pool["roce_interfaces"])
+        faults += classify.roce_faults(rdma_links_from_sysfs(config.get("infiniband_sysfs", "/sys/class/infiniband")),
+                                       pool["roce_interfaces"])
     faults.sort(key=lambda f: f.severity != classify.FATAL)
     return state, faults
 
@@ -235,18 +290,26 @@ class Api:
             return json.loads(response.read() or b"{}")
 
 
+def patch_taints(api: Api, node: dict, taints: list) -> None:
+    # JSON patch with a resourceVersion test: no lost update against the
+    # node lifecycle controller or an admin's `kubectl taint`.
+    api.call("PATCH", f"/api/v1/nodes/{node['metadata']['name']}", [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": node["metadata"]["resourceVersion"]},
+        {"op": "add", "path": "/spec/taints", "value": taints},
+    ], "application/json-patch+json")
+
+
 def apply(api: Api, node: dict, update: dict, stamp: str) -> None:
     name = node["metadata"]["name"]
     if update["taints"] is not None:
-        # JSON patch with a resourceVersion test: no lost update against the
-        # node lifecycle controller or an admin's `kubectl taint`.
-        api.call("PATCH", f"/api/v1/nodes/{name}", [
-            {"op": "test", "path": "/metadata/resourceVersion", "value": node["metadata"]["resourceVersion"]},
-            {"op": "add", "path": "/spec/taints", "value": update["taints"]},
-        ], "application/json-patch+json")
+        patch_taints(api, node, update["taints"])
     api.call("PATCH", f"/api/v1/nodes/{name}/status", {"status": {"conditions": update["conditions"]}},
              "application/strategic-merge-patch+json")
-    for kind, reason, message in update["events"]:
+    post_events(api, name, update["events"], stamp)
+
+
+def post_events(api: Api, name: str, events: list, stamp: str) -> None:
+    for kind, reason, message in events:
         api.call("POST", "/api/v1/namespaces/default/events", {
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"generateName": f"{name}.corral-gpu-health.", "namespace": "default"},
@@ -275,22 +338,74 @@ def once(api: Api, config: dict, node_name: str) -> None:
     state_path = os.path.join(os.path.dirname(verdict_path), "faults.json")
     state, faults = observe_faults(config, pool, read_json(state_path), boot_id)
     write_json(state_path, state)
+    active_path = os.path.join(os.path.dirname(verdict_path), "active.json")
+    active = read_json(active_path)
+    faults += active_faults_of_boot(active, boot_id)
+    faults.sort(key=lambda f: f.severity != classify.FATAL)
     stamp = now()
-    apply(api, node, plan(node, verdict, faults, config["evict_on_fatal"], stamp), stamp)
+    update = plan(node, verdict, faults, config["evict_on_fatal"], stamp)
+    apply(api, node, update, stamp)
+    if not faults and verdict is not None and verdict.get("passed"):
+        active_check(api, config, pool, node_name, active, active_path, boot_id)
 
 
-def main() -> int:
+def node_pods(api: Api, node_name: str) -> list:
+    return api.call("GET", f"/api/v1/pods?fieldSelector=spec.nodeName%3D{node_name}").get("items", [])
+
+
+def active_check(api: Api, config: dict, pool: dict, node_name: str, state: dict | None, state_path: str,
+                 boot_id: str) -> None:
+    """The GPU burn and NCCL all-reduce on an idle node, fenced by the preflight taint while they run."""
+    settings = config.get("active") or {}
+    node = api.call("GET", f"/api/v1/nodes/{node_name}")
+    due, _ = active_check_due(node, node_pods(api, node_name), state, time.time(), settings)
+    if not due:
+        return
+    # No GPU pod may land while the GPUs burn: the preflight taint (one of
+    # the two the agent may set) fences the node for the test's minutes.
+    taints = list(node.get("spec", {}).get("taints") or [])
+    fence = {"key": PREFLIGHT_TAINT, "value": "active-check", "effect": "NoSchedule", "timeAdded": now()}
+    patch_taints(api, node, taints + [fence])
+    try:
+        if classify.gpu_pods(node_pods(api, node_name)):
+            return  # a GPU pod was bound between the look and the fence: leave it be
+        diag = run_on_host(config, ["dcgmi", "diag", "-r", str(settings["dcgm_level"]), "-j"], timeout=1800)
+        nccl = run_on_host(config, pool["nccl_command"], timeout=900) if pool.get("nccl_command") else None
+        faults = classify.active_faults(diag, nccl, pool.get("nccl_min_bus_gbps"))
+        write_json(state_path, active_state(state, boot_id, time.time(), faults))
+        ran = [name for name, result in (("dcgmi diag", diag), ("all_reduce_perf", nccl)) if result is not None]
+        if faults:
+            event = ("Warning", "GPUActiveCheckFailed", faults[0].message)
+        elif ran:
+            event = ("Normal", "GPUActiveCheckPassed", f"{' and '.join(ran)} passed on an idle node")
+        else:
+            event = ("Normal", "GPUActiveCheckSkipped", "neither dcgmi nor all_reduce_perf is installed on the host")
+        post_events(api, node_name, [event], now())
+    finally:
+        # Lift the fence; a failure is tainted corral.dev/unhealthy by the next round.
+        node = api.call("GET", f"/api/v1/nodes/{node_name}")
+        left = [t for t in node.get("spec", {}).get("taints") or []
+                if not (t.get("key") == PREFLIGHT_TAINT and t.get("value") == "active-check")]
+        if len(left) != len(node.get("spec", {}).get("taints") or []):
+            patch_taints(api, node, left)
+
+
+def main(argv: list[str]) -> int:
     config = json.load(open(os.environ.get("CORRAL_HEALTH_CONFIG",
                                            os.path.join(os.path.dirname(os.path.abspath(__file__)), "config.json"))))
     api, node_name = Api(), os.environ["NODE_NAME"]
     while True:
         try:
             once(api, config, node_name)
+            if argv[1:] == ["--once"]:  # one round (debugging, tests)
+                return 0
         except (urllib.error.URLError, OSError, ValueError, KeyError) as err:
             # 409/422 from a resourceVersion race, an API server away: try again next round.
             print(f"corral-gpu-health: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+            if argv[1:] == ["--once"]:
+                return 1
         time.sleep(config["interval_seconds"])
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv))

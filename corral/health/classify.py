@@ -14,6 +14,7 @@ to NVIDIA's Xid catalogue (see corral.model.schema.DEFAULT_FATAL_XIDS).
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -27,8 +28,9 @@ NVLINK_CONDITION = "GPUNVLinkFault"
 PCIE_CONDITION = "GPUPCIeFault"
 ROCE_CONDITION = "RoCELinkFault"
 GPU_MISSING_CONDITION = "GPUMissing"
+ACTIVE_CONDITION = "GPUActiveCheckFault"
 FAULT_CONDITIONS = (XID_CONDITION, MEMORY_CONDITION, NVLINK_CONDITION, PCIE_CONDITION, ROCE_CONDITION,
-                    GPU_MISSING_CONDITION)
+                    GPU_MISSING_CONDITION, ACTIVE_CONDITION)
 PREFLIGHT_CONDITION = "GPUPreflightPassed"
 
 # "NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, Row Remapper: ..." (R470 and later)
@@ -177,6 +179,63 @@ def roce_faults(rdma_links: list[dict] | None, interfaces: list[str]) -> list[Fa
     if down:
         return [Fault(ROCE_CONDITION, "RoCELinkDown", "; ".join(down), DEGRADED)]
     return []
+
+
+# --- active checks on idle nodes ------------------------------------------------
+
+GPU_RESOURCE = "nvidia.com/gpu"
+# "# Avg bus bandwidth    : 187.223" (nccl-tests' summary line, GB/s)
+NCCL_BUSBW_LINE = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(?P<gbps>[0-9.]+)", re.M)
+
+
+def gpu_pods(pods: list[dict]) -> list[str]:
+    """namespace/name of the pods that hold GPUs: not finished, a container asking for nvidia.com/gpu."""
+    holding = []
+    for pod in pods:
+        if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        spec = pod.get("spec", {})
+        for container in (spec.get("containers") or []) + (spec.get("initContainers") or []):
+            resources = container.get("resources") or {}
+            wanted = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+            if str(wanted.get(GPU_RESOURCE, "0")) not in ("0", ""):
+                meta = pod.get("metadata", {})
+                holding.append(f"{meta.get('namespace', '?')}/{meta.get('name', '?')}")
+                break
+    return sorted(holding)
+
+
+def dcgm_diag_failures(output: str) -> list[str]:
+    """Failed tests in `dcgmi diag -r N -j` output: "TEST on GPU N"."""
+    report = json.loads(output)
+    return [f"{test.get('name', '?')} on GPU {res.get('gpu_id', '?')}"
+            for category in report.get("DCGM GPU Diagnostic", {}).get("test_categories", [])
+            for test in category.get("tests", [])
+            for res in test.get("results", []) if str(res.get("status", "")).lower() == "fail"]
+
+
+def active_faults(diag: tuple[int, str] | None, nccl: tuple[int, str] | None,
+                  min_bus_gbps: float | None) -> list[Fault]:
+    """The active check's verdict: (exit status, stdout) of `dcgmi diag` and of nccl-tests'
+    all_reduce_perf, None where the tool is not installed. A failure is degraded: no new
+    work until a reboot (remediation) and a passing preflight."""
+    problems = []
+    if diag is not None:
+        try:
+            failed = dcgm_diag_failures(diag[1])
+        except ValueError:
+            failed = [] if diag[0] == 0 else [f"dcgmi diag exit {diag[0]}"]
+        problems += [f"dcgmi diag: {f}" for f in failed]
+    if nccl is not None:
+        match = NCCL_BUSBW_LINE.search(nccl[1])
+        if nccl[0] != 0 or match is None:
+            problems.append(f"all_reduce_perf exit {nccl[0]} without a bus bandwidth")
+        elif min_bus_gbps and float(match["gbps"]) < min_bus_gbps:
+            problems.append(f"all_reduce_perf bus bandwidth {float(match['gbps']):g} GB/s, expected at least "
+                            f"{min_bus_gbps:g}")
+    if not problems:
+        return []
+    return [Fault(ACTIVE_CONDITION, "ActiveCheckFailed", "; ".join(problems)[:1000], DEGRADED)]
 
 
 def taint_effect(faults: list[Fault], evict_on_fatal: bool) -> str | None:

@@ -446,8 +446,21 @@ class Remediation(Spec):
     max_failed_nodes: int = Field(1, ge=1, le=1000)
 
 
+class ActiveChecks(Spec):
+    # On idle GPU nodes (no pod holds a GPU), every intervalHours: a DCGM
+    # diagnostic (`dcgmi diag -r dcgmLevel`) and, where nccl-tests is
+    # installed on the host, a one-node all_reduce_perf. A failure taints the
+    # node corral.dev/unhealthy (NoSchedule) until a reboot and preflight.
+    enabled: bool = True
+    interval_hours: int = Field(24, ge=1, le=720)
+    dcgm_level: Literal[1, 2, 3] = 2
+    # Minimum all_reduce_perf bus bandwidth, GB/s; unset: only a failed run counts.
+    nccl_min_bus_gbps: float | None = Field(None, gt=0, le=10_000, alias="ncclMinBusGBps")
+
+
 class Health(Spec):
     preflight: Preflight = Preflight()
+    active: ActiveChecks = ActiveChecks()
     xid: XidPolicy = XidPolicy()
     # Fatal faults evict pods (NoExecute); false: NoSchedule for every fault.
     evict_on_fatal: bool = True
