@@ -63,6 +63,20 @@ classes, with these constructor signatures and attributes:
         Machines fetch their secret at boot with their own identity
         (corral/templates/scripts/fetch-secrets.sh.j2, shared by every cloud).
 
+    SnapshotBucket(name, ctx, opts=None)
+        Where the etcd members' scheduled snapshots go (docs/etcd.md): AWS an
+        S3 bucket, GCP a Cloud Storage bucket, Azure a storage account's blob
+        container; named by `snapshot_location(ctx.cluster)` (known at
+        preview: it goes in the members' user data). Versioned, public access
+        blocked, encrypted, every object and old version deleted after
+        `controlPlane.etcd.snapshots.retentionDays` by a lifecycle rule.
+        Attribute `location` (a SnapshotLocation). Method:
+          grant_write(writer, identity)  lets `identity` (an etcd member's
+                                      machine identity) create objects in the
+                                      bucket, and nothing else: no list, read
+                                      or delete, so a member cannot erase
+                                      history; `writer` names the grant.
+
     Machine identities: Etcd, ApiServers and NodePools each have an attribute
     `identities`: dict of member name / server name / pool name -> that
     machine's cloud identity (AWS IAM role, GCP service account email, Azure
@@ -124,6 +138,37 @@ class SecretRef:
     cloud: str
     store: str
     name: str
+
+
+@dataclass(frozen=True)
+class SnapshotLocation:
+    """Where etcd snapshots go, as the members' snapshot script needs it.
+
+    cloud: "aws" | "gcp" | "azure"; store: the AWS region, the Azure storage
+    account, "" on GCP; bucket: the S3/GCS bucket or the Azure container.
+    Objects are `<prefix>/<UTC time>-rev<revision>.db` under `prefix`
+    (`etcd` or `etcd-events`).
+    """
+
+    cloud: str
+    store: str
+    bucket: str
+
+
+SNAPSHOT_CONTAINER = "etcd-snapshots"
+
+
+def snapshot_location(cluster) -> SnapshotLocation:
+    """The cluster's snapshot bucket: `corral-<cluster>-etcd-snapshots` (S3 and GCS
+    names are global: a name taken elsewhere fails at `pulumi up`, not later);
+    on Azure the storage account `corral<cluster>etcd` (letters and digits, at
+    most 24) holds the container `etcd-snapshots`."""
+    cp = cluster.control_plane
+    if cp.cloud == "azure":
+        account = ("corral" + "".join(c for c in cluster.name if c.isalnum()))[:20] + "etcd"
+        return SnapshotLocation("azure", account, SNAPSHOT_CONTAINER)
+    bucket = f"corral-{cluster.name}-{SNAPSHOT_CONTAINER}"
+    return SnapshotLocation(cp.cloud, cp.region if cp.cloud == "aws" else "", bucket)
 
 
 _warned: set[tuple[int, str]] = set()

@@ -290,6 +290,17 @@ class EtcdDisk(Spec):
     throughput_mbps: int | None = Field(None, ge=1, alias="throughputMBps")
 
 
+class EtcdSnapshots(Spec):
+    """Scheduled snapshots to the cluster's object storage (docs/etcd.md)."""
+
+    # etcd's guidance is "regularly"; kubeadm users typically take hourly to
+    # daily ones. 30 minutes bounds what a restore loses; each snapshot is one
+    # read of the whole database from one member (the leader).
+    interval_minutes: int = Field(30, ge=5, le=1440, description="minutes between snapshots, 5..1440")
+    # Old snapshots expire by the bucket's lifecycle rule (versions too).
+    retention_days: int = Field(14, ge=1, le=3650, description="days a snapshot is kept, 1..3650")
+
+
 class Etcd(Spec):
     # Odd, 3..7: rules.py says why; the bound here only keeps absurd values
     # from reaching the layout.
@@ -303,6 +314,7 @@ class Etcd(Spec):
     dedicated_events_cluster: bool = False
     # etcd's default quota is 2 GiB; large clusters raise it (8 GiB suggested max).
     quota_backend_gib: int = Field(8, ge=2, le=8, alias="quotaBackendGiB")
+    snapshots: EtcdSnapshots = EtcdSnapshots()
 
 
 class ControlPlane(Spec):

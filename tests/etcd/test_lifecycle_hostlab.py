@@ -1,0 +1,250 @@
+"""The etcd lifecycle on throwaway hosts: scheduled snapshots to object storage, restore after
+losing two of three members, replacing a member and growing 3 -> 5 while writes continue.
+
+Real etcd 3.4 (Debian), real systemd timers, corral's own etcd.conf/etcd.service and
+snapshot templates; the object store is moto's S3 server and the instance
+metadata a fake, both on the lab's gateway (tests/etcd/lab.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import threading
+import time
+
+import pytest
+
+from corral.etcd import EtcdError, add_member, cluster_status, replace_member
+from corral.etcd.snapshot import METRICS_FILE, SERVICE, TIMER, SnapshotJob, snapshot_files
+from corral.infra.platform import SnapshotLocation
+
+from .lab import BRIDGE, CLUSTER_TOKEN, SUBNET, EtcdLab, fake_instance_metadata, fake_object_storage
+
+pytestmark = [
+    pytest.mark.hostlab,
+    pytest.mark.skipif(shutil.which("etcdctl") is None, reason="etcdctl not installed (apt-get install etcd-client)"),
+]
+
+BUCKET = "corral-lab-etcd-snapshots"
+INTERVAL_SECONDS = 15
+
+
+@pytest.fixture(scope="module")
+def lab():
+    from tests.hostlab.lab import Lab, LabConfig, available
+
+    ok, reason = available()
+    if not ok:
+        pytest.skip(f"hostlab unavailable: {reason}")
+    lab = Lab(LabConfig(bridge=BRIDGE, subnet=SUBNET, machine_prefix="etcd-"))
+    lab.start()
+    try:
+        yield lab
+    finally:
+        lab.teardown()
+
+
+@pytest.fixture(scope="module")
+def storage(lab):
+    store = fake_object_storage(lab.gateway)
+    store.s3.create_bucket(Bucket=BUCKET)
+    yield store
+    store.stop()
+
+
+@pytest.fixture(scope="module")
+def imds(lab):
+    fake = fake_instance_metadata(lab.gateway)
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture(scope="module")
+def etcd(lab, tmp_path_factory):
+    cluster = EtcdLab(lab, tmp_path_factory.mktemp("etcd-lab"))
+    cluster.form(["etcd-0", "etcd-1", "etcd-2"])
+    return cluster
+
+
+def put(ctl, key: str, value: str) -> None:
+    ctl._exec(ctl.command("put", key, value, json_output=False), 20)
+
+
+def keys(ctl, prefix: str) -> set[str]:
+    data = ctl._call("get", prefix, "--prefix", "--keys-only", timeout=60)
+    return {base64.b64decode(kv["key"]).decode() for kv in data.get("kvs", [])}
+
+
+class Writer:
+    """Writes /w/<n> in a loop; a failed put is retried until acknowledged (as any
+    client does). `lost` = acknowledged keys that are not in etcd afterwards."""
+
+    def __init__(self, ctl):
+        self.ctl, self.acked, self.failures = ctl, [], 0
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        i = 0
+        while not self.stop_event.is_set():
+            key = f"/w/{i:06d}"
+            try:
+                put(self.ctl, key, "x")
+                self.acked.append(key)
+                i += 1
+            except EtcdError:
+                self.failures += 1
+                time.sleep(0.2)
+
+    def __enter__(self) -> Writer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop_event.set()
+        self.thread.join(60)
+
+    def lost(self, ctl) -> set[str]:
+        return set(self.acked) - keys(ctl, "/w/")
+
+
+def install_snapshot_job(etcd: EtcdLab, storage, imds) -> None:
+    job = SnapshotJob(
+        location=SnapshotLocation("aws", "us-east-1", BUCKET), prefix="etcd",
+        interval_minutes=1, quota_backend_gib=2,
+        bucket_url=f"{storage.url}/{BUCKET}", metadata_url=imds.url, interval=f"{INTERVAL_SECONDS}s",
+    )
+    for member in etcd.members.values():
+        for f in snapshot_files(job):
+            path = member.host.path(f.path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f.content)
+            path.chmod(int(f.mode, 8))
+        member.run(f"systemctl daemon-reload && systemctl enable -q --now {TIMER}")
+
+
+def test_snapshots_on_a_timer_land_in_the_bucket_from_the_leader_only(etcd, storage, imds, tmp_path):
+    ctl = etcd.ctl()
+    for i in range(200):
+        put(ctl, f"/registry/configmaps/default/cm-{i:03d}", f"before-snapshot-{i}")
+    install_snapshot_job(etcd, storage, imds)
+    deadline = time.monotonic() + 4 * INTERVAL_SECONDS + 30
+    while time.monotonic() < deadline and len(storage.objects(BUCKET, "etcd/")) < 2:
+        time.sleep(2)
+    objects = storage.objects(BUCKET, "etcd/")
+    assert len(objects) >= 2, "the timer did not upload twice"
+    # Only the leader uploads: every object came from the same member, and the
+    # others' metrics say they ran and were not the leader.
+    leader = cluster_status(ctl).leader
+    metrics = {name: m.run(f"cat {METRICS_FILE}").stdout for name, m in etcd.members.items()}
+    assert 'corral_etcd_snapshot_leader{prefix="etcd"} 1' in metrics[leader.name]
+    for name, text in metrics.items():
+        if name != leader.name:
+            assert 'corral_etcd_snapshot_leader{prefix="etcd"} 0' in text
+            assert "corral_etcd_snapshot_last_run_timestamp_seconds" in text
+    success = [float(line.split()[-1]) for line in metrics[leader.name].splitlines()
+               if line.startswith("corral_etcd_snapshot_last_success_timestamp_seconds")]
+    assert success and time.time() - success[0] < 3 * INTERVAL_SECONDS + 30
+    # Uploaded with the machine's role credentials from the metadata service.
+    assert any(r.startswith("GET /latest/meta-data/iam/security-credentials/") for r in imds.requests)
+    # The newest object is a valid snapshot holding the keys.
+    newest = max(objects, key=lambda o: o["LastModified"])
+    local = tmp_path / "newest.db"
+    storage.s3.download_file(BUCKET, newest["Key"], str(local))
+    status = ctl.snapshot_status(str(local))
+    assert status.total_keys >= 200
+    assert newest["Key"].endswith(f"-rev{status.revision}.db")
+    head = storage.s3.head_object(Bucket=BUCKET, Key=newest["Key"])
+    import hashlib
+    assert head["Metadata"]["sha256"] == hashlib.sha256(local.read_bytes()).hexdigest()
+    # Stop the timers: later tests change the membership under them.
+    for m in etcd.members.values():
+        m.run(f"systemctl disable -q --now {TIMER}; systemctl stop {SERVICE}", check=False)
+
+
+def test_restore_after_losing_two_members_and_their_data(etcd, storage, tmp_path):
+    ctl = etcd.ctl()
+    objects = storage.objects(BUCKET, "etcd/")
+    assert objects, "needs the snapshot test's uploads"
+    newest = max(objects, key=lambda o: o["LastModified"])
+    # Written after the newest snapshot: gone after the restore (what a restore loses).
+    put(ctl, "/after-snapshot", "lost")
+    survivors = list(etcd.members.values())
+    for m in survivors[1:]:
+        m.run("systemctl kill -s KILL etcd; systemctl stop etcd; rm -rf /var/lib/etcd/member")
+    with pytest.raises(EtcdError):
+        put(etcd.ctl(command_timeout=3), "/no-quorum", "x")
+    # Restore: every member (the survivor too) restores the same snapshot into
+    # a fresh data dir, as a NEW cluster (a new cluster ID and token).
+    for m in survivors[:1]:
+        m.run("systemctl stop etcd; rm -rf /var/lib/etcd/member")
+    initial = ",".join(f"{m.name}={m.peer_url}" for m in survivors)
+    local = tmp_path / "restore.db"
+    storage.s3.download_file(BUCKET, newest["Key"], str(local))
+    for m in survivors:
+        remote = etcd.ctl(prefix=m.host.ssh_args)
+        m.host.path("/var/tmp/restore.db").write_bytes(local.read_bytes())
+        remote.snapshot_restore("/var/tmp/restore.db", name=m.name, initial_cluster=initial,
+                                cluster_token=f"{CLUSTER_TOKEN}-restored", peer_url=m.peer_url,
+                                data_dir="/var/lib/etcd/restore")
+        m.run("mv /var/lib/etcd/restore/member /var/lib/etcd/member && rm -rf /var/lib/etcd/restore "
+              "&& chown -R etcd:etcd /var/lib/etcd")
+    for m in survivors:
+        etcd.configure(m, survivors)
+        m.run("sed -i 's/^initial-cluster-token: .*/initial-cluster-token: \"lab-etcd-restored\"/' /etc/etcd/etcd.conf.yaml")
+    etcd.start(survivors)
+    etcd.wait_healthy()
+    ctl = etcd.ctl()
+    restored = keys(ctl, "/registry/configmaps/")
+    assert len(restored) == 200
+    assert keys(ctl, "/after-snapshot") == set()
+    assert cluster_status(ctl).problems() == []
+
+
+def test_replace_member_while_writing_loses_no_write(etcd):
+    ctl = etcd.ctl()
+    (new,) = etcd.provision(["etcd-1-new"])
+    new.name = "etcd-1"
+    old = etcd.members["etcd-1"]
+
+    def start_new(name: str, initial_cluster: str) -> None:
+        # The old machine is gone (its disk with it); the new one joins the running cluster.
+        old.run("systemctl stop etcd", check=False)
+        etcd.lab.remove_host(old.host)
+        etcd.configure(new, list(etcd.members.values()), state="existing", initial_cluster=initial_cluster)
+        etcd.members["etcd-1"] = new
+        new.run("systemctl start --no-block etcd")
+
+    with Writer(etcd.ctl()) as writer:
+        time.sleep(2)
+        change = replace_member(ctl, "etcd-1", new.peer_url, start_new, timeout=120)
+        time.sleep(2)
+    assert len(writer.acked) > 20
+    assert writer.lost(etcd.ctl()) == set()
+    status = cluster_status(etcd.ctl())
+    assert status.problems() == []
+    assert sorted(m.name for m in status.members) == ["etcd-0", "etcd-1", "etcd-2"]
+    assert any(new.ip in url for m in status.members for url in m.peer_urls)
+    assert change.seconds < 120
+
+
+def test_grow_three_to_five_one_at_a_time_while_writing(etcd):
+    new_hosts = etcd.provision(["etcd-3", "etcd-4"])
+    sizes = []
+
+    def start(eh):
+        def start_member(name: str, initial_cluster: str) -> None:
+            sizes.append(len(cluster_status(etcd.ctl()).members))
+            etcd.configure(eh, list(etcd.members.values()) + [eh], state="existing", initial_cluster=initial_cluster)
+            etcd.start([eh])
+        return start_member
+
+    with Writer(etcd.ctl()) as writer:
+        for eh in new_hosts:
+            add_member(etcd.ctl(), eh.name, eh.peer_url, start(eh), timeout=120)
+    # One at a time: the second was added only after the first had started (4 members, all started).
+    assert sizes == [4, 5]
+    assert writer.lost(etcd.ctl()) == set()
+    status = cluster_status(etcd.ctl())
+    assert len(status.members) == 5 and status.problems() == []
