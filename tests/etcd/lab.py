@@ -24,6 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from corral.etcd import Etcdctl, Tls
+from corral.etcd.machine import preflight_files
 from corral.infra.bootstrap import ETCD_CONFIG, ETCD_DATA_DIR, ETCD_PKI_DIR, render
 from corral.model.layout import Machine
 
@@ -114,6 +115,8 @@ class EtcdLab:
         unit = render("etcd/etcd.service.j2", member_name=eh.name, data_dir=ETCD_DATA_DIR, config_path=ETCD_CONFIG)
         _write(eh.host.path(ETCD_CONFIG), config)
         _write(eh.host.path("/etc/systemd/system/etcd.service"), unit)
+        for f in preflight_files():
+            _write(eh.host.path(f.path), f.content, int(f.mode, 8))
         eh.run("systemctl daemon-reload")
 
     def start(self, members: list[EtcdHost]) -> None:

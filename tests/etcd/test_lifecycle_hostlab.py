@@ -124,6 +124,17 @@ def install_snapshot_job(etcd: EtcdLab, storage, imds) -> None:
         member.run(f"systemctl daemon-reload && systemctl enable -q --now {TIMER}")
 
 
+def test_disk_preflight_ran_before_each_member_started(etcd):
+    for member in etcd.members.values():
+        journal = member.run("journalctl -u etcd --no-pager -o cat").stdout
+        line = next(line for line in journal.splitlines() if line.startswith("corral etcd disk preflight:"))
+        assert "fdatasync p99" in line and "etcd needs p99 < 10 ms" in line
+        # Before etcd: systemd reports the unit started (etcd's READY) after the preflight.
+        assert journal.index("corral etcd disk preflight:") < journal.index("Started etcd.service")
+        metrics = member.run("cat /var/lib/node_exporter/textfile_collector/corral_etcd_disk.prom").stdout
+        assert "corral_etcd_disk_fsync_p99_seconds " in metrics
+
+
 def test_snapshots_on_a_timer_land_in_the_bucket_from_the_leader_only(etcd, storage, imds, tmp_path):
     ctl = etcd.ctl()
     for i in range(200):
