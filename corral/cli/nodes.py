@@ -88,17 +88,23 @@ def join(
     extra_vars: Annotated[Optional[list[Path]], typer.Option(
         "--extra-vars", "-e", help="Variables file of site overrides (repeatable), e.g. repository URLs.",
         exists=True, dir_okay=False)] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Run the roles on every selected host, even those whose converge record is up to date.")] = False,
 ) -> None:
     """Join on-prem nodes to the cluster with the Ansible roles; exit 1 if any host failed.
 
-    Every run creates its own bootstrap token (valid for --token-ttl, deleted
-    when the run ends); `--check` creates none.
+    Hosts whose record of their last converge matches the roles and their
+    inputs, with no drift in managed files, packages or units, are skipped
+    (one shell command each; `--force` runs every host). Every run that
+    converges a host creates its own bootstrap token (valid for --token-ttl,
+    deleted when the run ends); `--check` creates none.
     """
     from contextlib import nullcontext
 
+    from corral.nodes import converge
     from corral.nodes.join import (
-        CHECK_MODE_TOKEN, ClusterAccess, JoinError, fresh_bootstrap_token, join_material, parse_ttl, run_join,
-        select_hosts,
+        CHECK_MODE_TOKEN, ClusterAccess, JoinError, JoinReport, ansible_dir, fresh_bootstrap_token,
+        join_material, parse_ttl, prepare_runs_dir, run_join, select_hosts,
     )
 
     cluster = cluster_or_exit(clusters, name)
@@ -107,30 +113,43 @@ def join(
         hosts = select_hosts(cluster, pool, limit or [])
         material = join_material(name, outputs)
         title = f"{'check' if check else 'join'} {name}: {len(hosts)} host{'s' * (len(hosts) != 1)}"
-        token_scope = nullcontext(None) if check else fresh_bootstrap_token(
-            ClusterAccess.resolve(name, kubeconfig, from_stack=outputs is None), ttl,
-            description=f"corral join {name}" + (f" --pool {pool}" if pool else ""),
-            on_warning=lambda message: err.print(f"warning: {message}", markup=False),
-        )
-        # Live redraws from the tracker's report four times a second; events
-        # themselves only update counters (thousands of hosts, many events each).
-        tracker_report = {}
-        with token_scope as token:
-            material["corral_join_token"] = token.value if token else CHECK_MODE_TOKEN
-            with Live(console=err, refresh_per_second=4, transient=True,
-                      get_renderable=lambda: _progress_table(tracker_report["r"], title)
-                      if "r" in tracker_report else Table(title=escape(title))):
-                report = run_join(
-                    cluster, material, hosts, check=check, runs_dir=runs_dir, forks=forks,
-                    extra_vars=extra_vars or [],
-                    on_update=lambda r: tracker_report.setdefault("r", r),
-                )
+        runs = prepare_runs_dir(cluster, runs_dir)
+        with err.status(f"checking the converge record of {len(hosts)} host{'s' * (len(hosts) != 1)}"):
+            converge_plan = converge.plan(cluster, hosts, material, extra_vars or [], runs, ansible_dir(),
+                                          force=force, forks=forks)
+        to_run = converge_plan.to_converge
+        report, applied = JoinReport(), converge.AppliedStateCollector(to_run)
+        if to_run:
+            token_scope = nullcontext(None) if check else fresh_bootstrap_token(
+                ClusterAccess.resolve(name, kubeconfig, from_stack=outputs is None), ttl,
+                description=f"corral join {name}" + (f" --pool {pool}" if pool else ""),
+                on_warning=lambda message: err.print(f"warning: {message}", markup=False),
+            )
+            # Live redraws from the tracker's report four times a second; events
+            # themselves only update counters (thousands of hosts, many events each).
+            tracker_report = {}
+            with token_scope as token:
+                material["corral_join_token"] = token.value if token else CHECK_MODE_TOKEN
+                with Live(console=err, refresh_per_second=4, transient=True,
+                          get_renderable=lambda: _progress_table(tracker_report["r"], title)
+                          if "r" in tracker_report else Table(title=escape(title))):
+                    report = run_join(
+                        cluster, material, to_run, check=check, runs_dir=runs, forks=forks,
+                        extra_vars=extra_vars or [],
+                        on_update=lambda r: tracker_report.setdefault("r", r), on_event=applied,
+                    )
+        report = converge.finish(cluster, converge_plan, report, applied, runs, ansible_dir(),
+                                 record=not check, forks=forks)
     except JoinError as error:
         fail(str(error))
     out.print(_progress_table(report, title, final=True))
     bad = [r for r in report.hosts.values() if r.status not in ("ok", "changed")]
     changed = sum(r.changed for r in report.hosts.values())
-    summary = f"{len(hosts) - len(bad)} of {len(hosts)} hosts ok, {changed} changes; artifacts: {report.artifacts}"
+    skipped = sum(v.up_to_date for v in converge_plan.verdicts.values())
+    summary = (f"{len(hosts) - len(bad)} of {len(hosts)} hosts ok, {changed} changes, "
+               f"{skipped} up to date (not run)")
+    if report.artifacts:
+        summary += f"; artifacts: {report.artifacts}"
     out.print(summary, markup=False)
     if not report.succeeded:
         raise typer.Exit(1)

@@ -340,11 +340,14 @@ def _message(res: dict[str, Any]) -> str:
 class EventTracker:
     """Folds ansible-runner events into per-host results as they arrive."""
 
-    def __init__(self, hosts: list[str], on_update: Callable[[JoinReport], None] | None = None):
+    def __init__(self, hosts: list[str], on_update: Callable[[JoinReport], None] | None = None,
+                 on_event: Callable[[dict[str, Any]], None] | None = None):
         self.report = JoinReport(hosts={h: HostResult(h) for h in hosts})
-        self.on_update = on_update
+        self.on_update, self.on_event = on_update, on_event
 
     def __call__(self, event: dict[str, Any]) -> bool:
+        if self.on_event is not None:
+            self.on_event(event)
         kind = event.get("event", "")
         data = event.get("event_data", {}) or {}
         host = data.get("host")
@@ -393,6 +396,15 @@ def _leaked(artifacts: Path, secret: str) -> list[Path]:
     return leaks
 
 
+def prepare_runs_dir(cluster: Cluster, runs_dir: Path | None) -> Path:
+    """The artifacts folder, created owner-only (the default is per user)."""
+    runs_dir = Path(runs_dir or default_runs_dir(cluster.name))
+    missing = [runs_dir, *(p for p in runs_dir.parents if not p.exists())]
+    for folder in reversed(missing):
+        folder.mkdir(exist_ok=True, mode=0o700)  # every folder corral creates: owner only
+    return runs_dir
+
+
 def run_join(
     cluster: Cluster,
     material: dict[str, Any],
@@ -402,19 +414,18 @@ def run_join(
     on_update: Callable[[JoinReport], None] | None = None,
     forks: int = 50,
     extra_vars: list[Path] = (),
+    on_event: Callable[[dict[str, Any]], None] | None = None,
 ) -> JoinReport:
     """Run the join playbook on `hosts`; the per-host report.
 
     `extra_vars` are YAML/JSON files of site-specific overrides (repository
     URLs, `corral_reboot_batch`, ...), passed as `-e @FILE` after the cluster's
-    own variables, so they win.
+    own variables, so they win. `on_event` sees every ansible-runner event
+    (corral.nodes.converge learns from them what the roles manage).
     """
     playbooks = ansible_dir()
-    runs_dir = Path(runs_dir or default_runs_dir(cluster.name))
-    missing = [runs_dir, *(p for p in runs_dir.parents if not p.exists())]
-    for folder in reversed(missing):
-        folder.mkdir(exist_ok=True, mode=0o700)  # every folder corral creates: owner only
-    tracker = EventTracker(hosts, on_update)
+    runs_dir = prepare_runs_dir(cluster, runs_dir)
+    tracker = EventTracker(hosts, on_update, on_event)
     try:
         runner = _run_playbook(cluster, material, hosts, check, runs_dir, tracker, forks, extra_vars, playbooks)
     finally:
@@ -439,9 +450,10 @@ def run_join(
 
 def _run_playbook(
     cluster: Cluster, material: dict[str, Any], hosts: list[str], check: bool, runs_dir: Path,
-    tracker: EventTracker, forks: int, extra_vars: list[Path], playbooks: Path,
+    tracker: EventTracker, forks: int, extra_vars: list[Path], playbooks: Path, playbook: str = PLAYBOOK,
 ):
-    """One ansible-runner run; the join material lives only in a 0600 temp file."""
+    """One ansible-runner run of `playbook` (the join's by default; `corral upgrade`
+    runs its own); the run's variables live only in a 0600 temp file."""
     import ansible_runner  # heavy: only when a join really runs
 
     with tempfile.TemporaryDirectory(prefix="corral-join-secret-") as secret_dir:
@@ -455,7 +467,7 @@ def _run_playbook(
         )
         runner = ansible_runner.run(
             private_data_dir=str(runs_dir),
-            playbook=str(playbooks / PLAYBOOK),
+            playbook=str(playbooks / playbook),
             # JSON with Ansible's unsafe mark on every value: never templated.
             inventory=inv.to_ansible_json(inv.as_yaml_inventory(inv.build(cluster))),
             # No limit when every on-prem host runs: thousands of names on a

@@ -3,9 +3,11 @@
 Three GPU hosts and one CPU host are joined from a cluster file through the
 real CLI, ansible-runner and the roles; packages come from the lab's signed
 apt repository of test fakes (NVIDIA driver, toolkit, kubeadm, kubelet). Then:
-the hosts' state is checked with testinfra, a second run must change nothing,
-`--check` must change nothing, and a host taken away mid-run must not stop the
-others and must be named in the report.
+the hosts' state is checked with testinfra; a second run finds every host up
+to date and runs no role, a forced one runs them and changes nothing, and so
+does `--check`; drift on one host (a managed file edited, a unit stopped)
+converges that host only; a host taken away mid-run must not stop the others
+and must be named in the report.
 """
 
 from __future__ import annotations
@@ -135,18 +137,50 @@ def test_kernel_settings_are_persisted(infra):
         assert "br_netfilter" in host.check_output("cat /etc/modules-load.d/*.conf")
 
 
-def test_second_run_changes_nothing(joined):
-    second = run_cli(joined["setup"])
+def test_second_run_finds_every_host_up_to_date_and_runs_no_role(joined):
+    setup = joined["setup"]
+    second = run_cli(setup)
     assert second.returncode == 0, second.stdout + second.stderr
     rows = recap(second.stdout)
     assert set(rows) == set(ALL_HOSTS)
-    assert all(row["changed"] == "0" and row["status"] == "ok" for row in rows.values()), rows
+    assert all(row["changed"] == "0" and row["status"] == "ok" and row["detail"] == "up to date"
+               for row in rows.values()), rows
+    assert "0 changes, 4 up to date (not run)" in second.stdout
+    assert len(setup.tokens()) == 1  # nothing to join: no token made
+
+
+def test_forced_second_run_runs_the_roles_and_changes_nothing(joined):
+    setup = joined["setup"]
+    forced = run_cli(setup, "--force")
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    rows = recap(forced.stdout)
+    assert all(row["changed"] == "0" and row["status"] == "ok" and int(row["ok"]) > 50
+               for row in rows.values()), rows
+    assert len(setup.tokens()) == 2
 
 
 def test_check_mode_on_healthy_hosts_changes_nothing(joined):
-    check = run_cli(joined["setup"], "--check")
+    check = run_cli(joined["setup"], "--check", "--force")
     assert check.returncode == 0, check.stdout + check.stderr
     assert all(row["changed"] == "0" for row in recap(check.stdout).values())
+
+
+def test_drift_on_a_host_converges_that_host_only(joined, infra):
+    """Someone edits a managed file on one host and stops containerd on another."""
+    setup = joined["setup"]
+    edited, stopped = GPU_HOSTS[1], CPU_HOSTS[0]
+    infra[edited].run("echo '# hand edit' >> /etc/crictl.yaml")
+    infra[stopped].run("systemctl stop containerd")
+    tokens_before = len(setup.tokens())
+    result = run_cli(setup)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = recap(result.stdout)
+    assert {h for h, row in rows.items() if row["detail"] != "up to date"} == {edited, stopped}, rows
+    assert "# hand edit" not in infra[edited].file("/etc/crictl.yaml").content_string
+    assert infra[stopped].service("containerd").is_running
+    assert len(setup.tokens()) == tokens_before + 1
+    again = run_cli(setup)
+    assert "0 changes, 4 up to date (not run)" in again.stdout, again.stdout
 
 
 def test_the_token_stays_out_of_artifacts(joined):

@@ -113,8 +113,23 @@ class FakeAnsibleRunner:
     """Test fake of the ansible_runner module (a process boundary): records
     the run's arguments and leaves artifacts as a real run would."""
 
-    def __init__(self, leak: bool = False, interrupt: bool = False):
+    def __init__(self, leak: bool = False, interrupt: bool = False, up_to_date: frozenset[str] = frozenset()):
         self.leak, self.interrupt, self.calls = leak, interrupt, []
+        # Ad-hoc `raw` runs (the converge check and record), and which hosts
+        # the check finds up to date.
+        self.adhoc, self.up_to_date = [], up_to_date
+
+    def _adhoc(self, **kwargs):
+        import types
+
+        self.adhoc.append(kwargs)
+        variable = kwargs["module_args"].split("{{", 1)[1].split("|", 1)[0].strip()
+        for host in kwargs["limit"].split(","):
+            command = kwargs["inventory"]["all"]["children"]["onprem_nodes"]["hosts"][host][variable]["__ansible_unsafe"]
+            verdict = "up to date" if ("record" in variable or host in self.up_to_date) else "never converged by corral"
+            kwargs["event_handler"]({"event": "runner_on_ok", "event_data": {
+                "host": host, "res": {"stdout": f"corral-converge: {verdict}\n", "command": command}}})
+        return types.SimpleNamespace(rc=0, config=types.SimpleNamespace(artifact_dir=kwargs["private_data_dir"]))
 
     def run(self, **kwargs):
         import re
@@ -122,6 +137,8 @@ class FakeAnsibleRunner:
         import types
         from pathlib import Path
 
+        if kwargs.get("module"):
+            return self._adhoc(**kwargs)
         secret = Path(re.findall(r"-e @(\S+)", kwargs["cmdline"])[-1])
         self.calls.append({**kwargs, "secret_mode": stat.S_IMODE(secret.stat().st_mode),
                            "secret_text": secret.read_text(), "secret_path": secret})
@@ -132,8 +149,10 @@ class FakeAnsibleRunner:
         (artifacts / "stdout").write_text("TASK [kubelet_join] ok\n" + (token.split(".")[1] if self.leak else ""))
         if self.interrupt:
             raise KeyboardInterrupt
-        for host in ("gpu-001.sf1.internal",):
-            kwargs["event_handler"]({"event": "runner_on_ok", "event_data": {"host": host, "res": {"changed": True}}})
+        for host in (kwargs["limit"] or "gpu-001.sf1.internal").split(","):
+            kwargs["event_handler"]({"event": "runner_on_ok", "event_data": {
+                "host": host, "task_action": "ansible.builtin.template",
+                "res": {"changed": True, "invocation": {"module_args": {"dest": "/etc/crictl.yaml"}}}}})
         return types.SimpleNamespace(rc=0, config=types.SimpleNamespace(artifact_dir=str(artifacts)))
 
 
@@ -390,3 +409,50 @@ def test_without_kubectl_the_error_says_so(join_cli, fake_kubectl, monkeypatch, 
     result, fake = join_cli("--kubeconfig", str(join_cli.kubeconfig))
     assert result.exit_code == 1
     assert "kubectl is not installed" in result.output and fake.calls == []
+
+
+# ------------------------------------------------ converge record (skipping)
+TWO_HOSTS = ["gpu-001.sf1.internal", "gpu-002.sf1.internal"]
+
+
+def _join_two(join_cli, fake_runner, *extra, up_to_date=frozenset()):
+    fake = fake_runner(up_to_date=frozenset(up_to_date))
+    return join_cli("--kubeconfig", str(join_cli.kubeconfig), "--limit", TWO_HOSTS[1], *extra, runner=fake)
+
+
+def test_up_to_date_hosts_run_nothing_and_need_no_token(join_cli, fake_kubectl, fake_runner):
+    result, fake = _join_two(join_cli, fake_runner, up_to_date=TWO_HOSTS)
+    assert result.exit_code == 0, result.output
+    assert [call["module"] for call in fake.adhoc] == ["raw"]  # the check only
+    assert fake.calls == [] and fake_kubectl.calls() == []
+    assert "0 changes, 2 up to date (not run)" in " ".join(result.output.split())
+
+
+def test_only_hosts_that_are_not_up_to_date_converge_and_get_a_record(join_cli, fake_kubectl, fake_runner):
+    result, fake = _join_two(join_cli, fake_runner, up_to_date={TWO_HOSTS[0]})
+    assert result.exit_code == 0, result.output
+    check, record = fake.adhoc
+    assert sorted(check["limit"].split(",")) == TWO_HOSTS
+    assert [call["limit"] for call in fake.calls] == [TWO_HOSTS[1]]
+    assert record["limit"] == TWO_HOSTS[1]
+    # The record names what the run's events said the roles wrote.
+    script = record["inventory"]["all"]["children"]["onprem_nodes"]["hosts"][TWO_HOSTS[1]]["corral_converge_record"]
+    script = script["__ansible_unsafe"]
+    assert "sha256sum -- /etc/crictl.yaml" in script
+    # One fresh token for the one run that joins.
+    assert len(fake_kubectl.created()) == 1 and fake_kubectl.existing() == {}
+    assert "1 up to date (not run)" in " ".join(result.output.split())
+
+
+def test_force_runs_every_host_without_asking(join_cli, fake_kubectl, fake_runner):
+    result, fake = _join_two(join_cli, fake_runner, "--force", up_to_date=TWO_HOSTS)
+    assert result.exit_code == 0, result.output
+    assert sorted(fake.calls[0]["limit"].split(",")) == TWO_HOSTS
+    assert [len(call["limit"].split(",")) for call in fake.adhoc] == [2]  # the record, no check
+
+
+def test_check_mode_records_nothing(join_cli, fake_kubectl, fake_runner):
+    result, fake = _join_two(join_cli, fake_runner, "--check")
+    assert result.exit_code == 0, result.output
+    assert len(fake.adhoc) == 1 and "corral_converge_check" in fake.adhoc[0]["module_args"]
+    assert "--check" in fake.calls[0]["cmdline"]
