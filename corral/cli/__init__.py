@@ -2,7 +2,7 @@
 
 import typer
 
-from . import diff, edit, fleet, infra, manifests, nodes
+from . import diff, edit, fleet, infra, manifests, nodes, usage
 
 app = typer.Typer(
     name="corral",
@@ -17,6 +17,7 @@ edit.register(app)
 diff.register(app)
 infra.register(app)
 manifests.register(app)
+usage.register(app)
 
 
 def main() -> None:

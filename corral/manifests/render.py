@@ -275,15 +275,22 @@ def kubelet_csr_approver(cluster: Cluster) -> list[dict]:
 
 def monitoring_stack(cluster: Cluster) -> list[dict]:
     gpu = bool(policy.gpu_pools(cluster))
-    config = monitoring.prometheus_config(cluster, gpu)
-    rules = monitoring.prometheus_rules(gpu)
+    files = monitoring.config_files(cluster, gpu)
+    servers = monitoring.servers(cluster)
+    rules = {"global": "corral-rules.yml", "shard": "corral-shard-rules.yml"}
+    remote_write = cluster.monitoring.remote_write
     return _template(
         "monitoring",
         namespace=policy.MONITORING_NAMESPACE,
-        prometheus_config=config,
-        prometheus_rules=rules,
-        config_hash=_hash(config, rules),
-        retention=monitoring.RETENTION,
+        prometheus_files=files,
+        servers=servers,
+        config_hashes={s.name: _hash(files[s.config_key], files[rules[s.role]]) for s in servers},
+        replicas=monitoring.REPLICAS,
+        port=monitoring.PORT,
+        retention_days=cluster.monitoring.retention_days,
+        storage_class=cluster.monitoring.storage_class,
+        remote_write_secret=remote_write.secret if remote_write else None,
+        remote_write_dir=monitoring.REMOTE_WRITE_SECRET_DIR,
         ksm_label_allowlist=monitoring.ksm_label_allowlist(),
         ksm_resources=monitoring.ksm_resources(),
         pod_security=policy.pod_security_labels(cluster, "privileged"),
@@ -297,6 +304,27 @@ def monitoring_stack(cluster: Cluster) -> list[dict]:
             "kube_state_metrics": versions.KUBE_STATE_METRICS,
             "dcgm_exporter": versions.DCGM_EXPORTER,
         },
+    ) + grafana(cluster, gpu)
+
+
+def grafana(cluster: Cluster, gpu: bool) -> list[dict]:
+    from . import dashboards
+
+    sources = monitoring.dump_yaml(dashboards.datasources(monitoring.shard_count(cluster)))
+    provider = monitoring.dump_yaml({"apiVersion": 1, "providers": [{
+        "name": "corral", "type": "file", "disableDeletion": True, "allowUiUpdates": False,
+        "options": {"path": "/var/lib/grafana-dashboards", "foldersFromFilesStructure": False},
+    }]})
+    boards = dashboards.dashboards(gpu)
+    return _template(
+        "grafana",
+        namespace=policy.MONITORING_NAMESPACE,
+        image=versions.GRAFANA,
+        datasources=sources,
+        provider=provider,
+        dashboards=boards,
+        config_hash=_hash(sources, provider, *(boards[k] for k in sorted(boards))),
+        off_gpu_affinity=policy.off_gpu_affinity(),
     )
 
 

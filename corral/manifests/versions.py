@@ -24,6 +24,7 @@ DCGM_EXPORTER = "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9-3.6.1-ubuntu22.04"
 PROMETHEUS = "quay.io/prometheus/prometheus:v2.55.1"
 NODE_EXPORTER = "quay.io/prometheus/node-exporter:v1.8.2"
 KUBE_STATE_METRICS = "registry.k8s.io/kube-state-metrics/kube-state-metrics:v2.13.0"
+GRAFANA = "docker.io/grafana/grafana:11.3.1"
 
 # Approves kubelet serving-certificate requests (github.com/postfinance/
 # kubelet-csr-approver; it supports the three newest Kubernetes minors and

@@ -232,6 +232,12 @@ MirrorUrl = strict_text(r"https?://" + _URL_HOST + r"(/[A-Za-z0-9._~+-]+)*/?\Z",
 ProxyUrl = strict_text(r"https?://" + _URL_HOST + r"/?\Z",
                        "an http(s) URL of a proxy host and port, no credentials or path", 200,
                        "http://proxy.sf1.internal:3128")
+# Where Prometheus remote-writes to (monitoring.remoteWrite): no credentials
+# in the URL; those come from a Secret (monitoring.remoteWrite.secret).
+RemoteWriteUrl = strict_text(r"https?://" + _URL_HOST + r"(/[A-Za-z0-9._~+-]+)*/?\Z",
+                             "an http(s) URL of a host, an optional port and a plain path, no credentials "
+                             "or query", 200, "https://metrics.example.internal/api/v1/push")
+SecretKey = strict_text(r"[-._a-zA-Z0-9]+\Z", "a Secret key of letters, digits, '-', '_' and '.'", 253, "token")
 # Prose for people; it reaches no script or template, but still holds no line
 # break, control or bidirectional-override character, template or shell
 # expansion ('{', '}', '$', '`', '\').
@@ -479,6 +485,31 @@ class Health(Spec):
     remediation: Remediation = Remediation()
 
 
+class SecretReference(Spec):
+    """A key of a Secret in the monitoring namespace, created by an admin (never by corral)."""
+
+    name: Name
+    key: SecretKey
+
+
+class RemoteWrite(Spec):
+    url: RemoteWriteUrl
+    # Bearer token for the receiver; mounted into Prometheus, never in a manifest or plan.
+    secret: SecretReference | None = None
+
+
+class Monitoring(Spec):
+    """The monitoring add-on (docs/monitoring.md): how long Prometheus keeps data and where."""
+
+    retention_days: int = Field(15, ge=1, le=400)
+    # PersistentVolumes' storage class; unset: the cluster's default class.
+    storage_class: Name | None = None
+    # Prometheus shards, each scraping its share of the nodes; unset: one per
+    # 1,000 nodes of the cluster's capacity (corral/manifests/monitoring.py).
+    shards: int | None = Field(None, ge=1, le=64)
+    remote_write: RemoteWrite | None = None
+
+
 class PoolBase(Spec):
     name: Name
     gpu: Gpu | None = None
@@ -530,6 +561,7 @@ class Cluster(Spec):
     scheduling: Scheduling = Scheduling()
     node_pools: list[NodePool] = []
     health: Health = Health()
+    monitoring: Monitoring = Monitoring()
 
     @field_validator("node_pools")
     @classmethod

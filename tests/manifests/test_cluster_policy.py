@@ -340,14 +340,15 @@ def test_prometheus_scrapes_kubelets_directly_with_the_cluster_ca(name):
     objects = objects_of(cluster)
     rules = cluster_roles(cluster)["corral-prometheus"]
     assert grants(rules, "nodes/metrics", "get") and grants(rules, "nodes", "list")
-    config = YAML(typ="safe", pure=True).load(objects["ConfigMap/corral-monitoring/prometheus-config"]["data"]["prometheus.yml"])
+    files = objects["ConfigMap/corral-monitoring/prometheus-config"]["data"]
+    config = YAML(typ="safe", pure=True).load(files["prometheus-shard-0.yml"])
     kubelet = next(j for j in config["scrape_configs"] if j["job_name"] == "kubelet-cadvisor")
     assert kubelet["scheme"] == "https" and kubelet["metrics_path"] == "/metrics/cadvisor"
     assert kubelet["kubernetes_sd_configs"] == [{"role": "node"}]
     # The node's own address and kubelet port, verified against the cluster CA.
     assert kubelet["tls_config"] == {"ca_file": "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"}
     assert not any(r.get("target_label") in ("__address__", "__metrics_path__") for r in kubelet["relabel_configs"])
-    assert "/proxy" not in objects["ConfigMap/corral-monitoring/prometheus-config"]["data"]["prometheus.yml"]
+    assert not any("/proxy" in text for text in files.values())
 
 
 # --- kubelet serving certificates ---------------------------------------------------

@@ -204,7 +204,8 @@ def test_no_gpu_pools_no_gpu_agents(tmp_path):
                       ("machineType: g5.48xlarge", "machineType: m7i.8xlarge"))
     keys = objects_of(cluster)
     assert not any(k in keys for k in GPU_AGENTS)
-    assert "dcgm-exporter" not in keys["ConfigMap/corral-monitoring/prometheus-config"]["data"]["prometheus.yml"]
+    files = keys["ConfigMap/corral-monitoring/prometheus-config"]["data"]
+    assert not any("dcgm-exporter" in text for text in files.values())
 
 
 # --- teams ----------------------------------------------------------------------
@@ -391,7 +392,7 @@ def test_prometheus_scrapes_pod_requests_for_billing(name):
     ksm = pod_spec(find(objects, "Deployment/corral-monitoring/kube-state-metrics"))["containers"][0]["args"]
     assert any(a.startswith("--metric-labels-allowlist=namespaces=[corral.dev/team]") for a in ksm)
     if policy.gpu_pools(FLEET.clusters[name]):
-        assert "job_name: dcgm-exporter" in data["prometheus.yml"]
+        assert "job_name: dcgm-exporter" in data["prometheus-shard-0.yml"]
 
 
 # --- what a change in the cluster file changes -----------------------------------
