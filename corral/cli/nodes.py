@@ -88,6 +88,9 @@ def join(
     extra_vars: Annotated[Optional[list[Path]], typer.Option(
         "--extra-vars", "-e", help="Variables file of site overrides (repeatable), e.g. repository URLs.",
         exists=True, dir_okay=False)] = None,
+    shard: Annotated[Optional[str], typer.Option(
+        help="Only shard K/N of the selected hosts (by a hash of the name): N controllers, one shard each, "
+             "share a fleet.", metavar="K/N")] = None,
     force: Annotated[bool, typer.Option(
         "--force", help="Run the roles on every selected host, even those whose converge record is up to date.")] = False,
 ) -> None:
@@ -104,13 +107,17 @@ def join(
     from corral.nodes import converge
     from corral.nodes.join import (
         CHECK_MODE_TOKEN, ClusterAccess, JoinError, JoinReport, ansible_dir, fresh_bootstrap_token,
-        join_material, parse_ttl, prepare_runs_dir, run_join, select_hosts,
+        join_material, parse_ttl, prepare_runs_dir, run_join, select_hosts, shard_hosts,
     )
 
     cluster = cluster_or_exit(clusters, name)
     try:
         ttl = parse_ttl(token_ttl)
         hosts = select_hosts(cluster, pool, limit or [])
+        if shard is not None:
+            hosts = shard_hosts(hosts, shard)
+            if not hosts:
+                fail(f"shard {shard} of {name} holds none of the selected hosts")
         material = join_material(name, outputs)
         title = f"{'check' if check else 'join'} {name}: {len(hosts)} host{'s' * (len(hosts) != 1)}"
         runs = prepare_runs_dir(cluster, runs_dir)

@@ -16,6 +16,7 @@ returns.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -270,6 +271,23 @@ def fresh_bootstrap_token(
             on_warning(f"could not delete bootstrap token {token.token_id} "
                        f"({_masked(result.stderr, token)}); it expires at "
                        f"{token.manifest('')['stringData']['expiration']}")
+
+
+_SHARD = re.compile(r"([1-9][0-9]*)/([1-9][0-9]*)\Z")
+
+
+def shard_hosts(hosts: list[str], shard: str) -> list[str]:
+    """The hosts of shard `K/N`: fan a fleet out over N controllers.
+
+    A host's shard is a hash of its name alone, so every controller computes
+    the same split without talking to the others, and adding hosts to the
+    cluster file moves no existing host to another shard.
+    """
+    match = _SHARD.match(shard)
+    if match is None or int(match.group(1)) > int(match.group(2)):
+        raise JoinError(f"--shard {shard!r}: expected K/N with 1 <= K <= N, e.g. 3/8")
+    index, count = int(match.group(1)) - 1, int(match.group(2))
+    return [h for h in hosts if int.from_bytes(hashlib.sha256(h.encode()).digest()[:8], "big") % count == index]
 
 
 def select_hosts(cluster: Cluster, pool: str | None, limit: list[str]) -> list[str]:

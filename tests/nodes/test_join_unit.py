@@ -456,3 +456,47 @@ def test_check_mode_records_nothing(join_cli, fake_kubectl, fake_runner):
     assert result.exit_code == 0, result.output
     assert len(fake.adhoc) == 1 and "corral_converge_check" in fake.adhoc[0]["module_args"]
     assert "--check" in fake.calls[0]["cmdline"]
+
+
+# ------------------------------------------------------ fan-out over shards
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from corral.nodes.join import shard_hosts  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None)
+@given(hosts=st.lists(st.from_regex(r"[a-z][a-z0-9-]{0,20}\.sf1\.internal", fullmatch=True), unique=True,
+                      max_size=60),
+       count=st.integers(min_value=1, max_value=16))
+def test_shards_split_the_hosts_exactly_once(hosts, count):
+    shards = [shard_hosts(hosts, f"{k}/{count}") for k in range(1, count + 1)]
+    assert sorted(h for shard in shards for h in shard) == sorted(hosts)
+    # Order kept within a shard; a grown host list moves nobody.
+    for k, shard in enumerate(shards, start=1):
+        assert shard == [h for h in hosts if h in set(shard)]
+        assert shard_hosts(hosts + ["new-host.sf1.internal"], f"{k}/{count}")[:len(shard)] == shard
+
+
+def test_shards_are_balanced_on_a_large_fleet():
+    hosts = [f"gpu-{i:05d}.sf1.internal" for i in range(7500)]
+    sizes = [len(shard_hosts(hosts, f"{k}/8")) for k in range(1, 9)]
+    assert sum(sizes) == 7500 and max(sizes) - min(sizes) < 0.1 * 7500 / 8, sizes
+
+
+@pytest.mark.parametrize("shard", ["0/4", "5/4", "1/0", "a/b", "1/2/3", "1/2\n"])
+def test_a_bad_shard_is_a_clear_error(shard):
+    with pytest.raises(JoinError, match="expected K/N"):
+        shard_hosts(["a"], shard)
+
+
+def test_the_cli_joins_only_its_shard(join_cli, fake_kubectl, fake_runner, jaguar):
+    from corral.nodes.inventory import host_pool
+
+    everyone = list(host_pool(jaguar))
+    fake = fake_runner()
+    result, fake = join_cli("--kubeconfig", str(join_cli.kubeconfig), "--limit", everyone[1], "--limit",
+                            everyone[2], "--limit", everyone[3], "--shard", "2/2", runner=fake)
+    assert result.exit_code == 0, result.output
+    expected = shard_hosts([everyone[0], everyone[1], everyone[2], everyone[3]], "2/2")
+    assert sorted(fake.adhoc[0]["limit"].split(",")) == sorted(expected)
