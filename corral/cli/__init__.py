@@ -2,7 +2,7 @@
 
 import typer
 
-from . import diff, edit, fleet, infra, manifests, nodes, usage
+from . import certs, diff, edit, fleet, infra, manifests, nodes, upgrade, usage
 
 app = typer.Typer(
     name="corral",
@@ -17,6 +17,8 @@ edit.register(app)
 diff.register(app)
 infra.register(app)
 manifests.register(app)
+upgrade.register(app)
+certs.register(app)
 usage.register(app)
 
 

@@ -1,0 +1,143 @@
+"""`corral upgrade`: control plane, then cloud pools, then on-prem nodes in batches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cluster_or_exit, err, fail, out
+
+
+def _plan_table(plan) -> Table:
+    table = Table(title=escape(f"upgrade {plan.cluster} to {plan.target} (API servers at {plan.api_server})"))
+    for column in ("#", "phase", "what", "action"):
+        table.add_column(column)
+    for number, step in enumerate(plan.steps, 1):
+        table.add_row(str(number), step.phase, escape(step.what), escape(step.action))
+    return table
+
+
+def upgrade(
+    name: ClusterArg,
+    clusters: ClustersOption = DEFAULT_CLUSTERS,
+    to: Annotated[Optional[str], typer.Option(
+        "--to", help="Target Kubernetes version (default: the cluster file's kubernetes.version).")] = None,
+    check: Annotated[bool, typer.Option("--check", help="Print the order of the upgrade; change nothing.")] = False,
+    batch: Annotated[str, typer.Option(help="On-prem nodes upgraded at once: a count (5) or a percentage (10%).")] = "10%",
+    max_fail_percentage: Annotated[int, typer.Option(
+        help="Stop before the next batch when more than this percentage of a batch failed.", min=0, max=100)] = 0,
+    pool: Annotated[Optional[str], typer.Option(help="Only this on-prem pool.")] = None,
+    limit: Annotated[Optional[list[str]], typer.Option("--limit", help="Only these on-prem hosts (repeatable).")] = None,
+    kubeconfig: Annotated[Optional[Path], typer.Option(
+        help="Operator credential: reads versions, sets up the node runner's identity and issues its token. "
+             "Default: $KUBECONFIG, else the stack's adminKubeconfig.", dir_okay=False)] = None,
+    token_ttl: Annotated[str, typer.Option(
+        help="Lifetime of the node runner's token (5m..24h); revoked when the run ends.")] = "4h",
+    forks: Annotated[int, typer.Option(help="Hosts worked on in parallel (within a batch).", min=1)] = 50,
+    runs_dir: Annotated[Optional[Path], typer.Option(help="Where ansible-runner keeps artifacts.")] = None,
+    extra_vars: Annotated[Optional[list[Path]], typer.Option(
+        "--extra-vars", "-e", help="Variables file of site overrides (repeatable), e.g. repository URLs.",
+        exists=True, dir_okay=False)] = None,
+) -> None:
+    """Upgrade the cluster to its declared Kubernetes version (and the pools' drivers); exit 1 if any host failed.
+
+    Control plane first (one API server at a time), then cloud pools, then
+    on-prem nodes in batches: cordon, drain (PodDisruptionBudgets respected),
+    packages and `kubeadm upgrade node`, NVIDIA driver where it changed,
+    restart, wait Ready, uncordon. Re-running resumes: nodes already at the
+    target and not left cordoned are skipped.
+    """
+    from corral.nodes.join import ClusterAccess, JoinError, parse_ttl, select_hosts
+    from corral.upgrade.plan import build_plan, parse_batch, read_cluster_state
+    from corral.upgrade.versions import KubeVersion, UpgradeError
+
+    from .nodes import _progress_table
+
+    cluster = cluster_or_exit(clusters, name)
+    try:
+        target = KubeVersion.parse(to or cluster.kubernetes.version, "--to" if to else "kubernetes.version")
+        batch = parse_batch(batch)
+        ttl = parse_ttl(token_ttl)
+        hosts = select_hosts(cluster, pool, limit or []) if cluster.onprem_pools else []
+        access = ClusterAccess.resolve(name, kubeconfig, from_stack=True)
+        state = read_cluster_state(access)
+        plan = build_plan(cluster, target, state, batch, hosts)
+    except (JoinError, UpgradeError) as error:
+        fail(str(error))
+    out.print(_plan_table(plan))
+    if plan.onprem_not_nodes:
+        out.print(f"not cluster nodes yet (left to `corral join`): {', '.join(plan.onprem_not_nodes)}", markup=False)
+    if hosts:
+        out.print("GPU hosts whose installed driver differs from their pool's are drained and upgraded in the "
+                  "same batches (decided on the hosts).", markup=False)
+    if check:
+        return
+    if any(step.phase == "control-plane" for step in plan.steps):
+        fail(f"the API servers run {plan.api_server}, the target is {target}: the control plane goes first. "
+             f"Roll it with the control-plane procedure in docs/upgrades.md, then run corral upgrade {name} again")
+    if not hosts:
+        out.print("no on-prem hosts: nothing more to do here (cloud pools roll through `corral up`)", markup=False)
+        return
+    _run_onprem(cluster, str(target), hosts, access, ttl, batch, max_fail_percentage, forks, runs_dir,
+                extra_vars or [], _progress_table)
+
+
+def _run_onprem(cluster, target, hosts, access, ttl, batch, max_fail_percentage, forks, runs_dir, extra_vars,
+                progress_table) -> None:
+    from rich.live import Live
+
+    from corral.nodes.join import JoinError
+    from corral.upgrade.credential import runner_kubeconfig
+    from corral.upgrade.onprem import run_onprem_upgrade
+    from corral.upgrade.versions import UpgradeError
+
+    title = f"upgrade {cluster.name} to {target}: {len(hosts)} on-prem host{'s' * (len(hosts) != 1)}"
+    latest = {}
+    try:
+        with runner_kubeconfig(access, ttl, on_warning=lambda m: err.print(f"warning: {m}", markup=False)) as cred:
+            with Live(console=err, refresh_per_second=4, transient=True,
+                      get_renderable=lambda: progress_table(latest["r"], title) if "r" in latest
+                      else Table(title=escape(title))):
+                report = run_onprem_upgrade(
+                    cluster, target, hosts, cred.kubeconfig, batch, max_fail_percentage, secret=cred.token,
+                    runs_dir=runs_dir, forks=forks, extra_vars=extra_vars,
+                    on_update=lambda r: latest.setdefault("r", r))
+    except (JoinError, UpgradeError) as error:
+        fail(str(error))
+    out.print(progress_table(report, title, final=True))
+    bad = [r for r in report.hosts.values() if r.status not in ("ok", "changed")]
+    out.print(f"{len(hosts) - len(bad)} of {len(hosts)} hosts ok; artifacts: {report.artifacts}", markup=False)
+    # The playbook's recap cannot say which hosts a stopped run never reached
+    # (their first play went fine): ask the API server what is still behind.
+    behind = _still_behind(access, target, hosts)
+    if behind:
+        out.print(f"{len(behind)} node(s) not at {target} or still cordoned by corral (run corral upgrade "
+                  f"again to resume): {', '.join(behind)}", markup=False)
+    if not report.succeeded or behind:
+        raise typer.Exit(1)
+
+
+def _still_behind(access, target: str, hosts: list[str]) -> list[str]:
+    from corral.upgrade.plan import node_for_host, read_cluster_state
+    from corral.upgrade.versions import KubeVersion, UpgradeError
+
+    try:
+        state = read_cluster_state(access)
+    except UpgradeError as error:
+        err.print(f"warning: could not re-read the nodes after the run: {error}", markup=False)
+        return []
+    wanted = KubeVersion.parse(target)
+    behind = []
+    for host in sorted(hosts):
+        node = node_for_host(host, state.nodes)
+        if node is not None and (node.kubelet != wanted or node.cordoned_by_corral):
+            behind.append(host)
+    return behind
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(upgrade)
