@@ -27,6 +27,9 @@ def health(
     check: Annotated[bool, typer.Option(
         "--check", help="With --remediate: show the batches and the exact commands; change nothing.")] = False,
     runs_dir: Annotated[Optional[Path], typer.Option(help="Where the Ansible logs of reboots go.")] = None,
+    extra_vars: Annotated[Optional[list[Path]], typer.Option(
+        "--extra-vars", "-e", help="Variables file for the reboot playbook (repeatable), e.g. "
+                                   "corral_remediate_healthy_timeout.", exists=True, dir_okay=False)] = None,
 ) -> None:
     """GPU nodes that are unhealthy or still behind their preflight, with the reasons the health agent gave."""
     from corral.health.kube import HealthError, Kubectl
@@ -60,7 +63,7 @@ def health(
     _print_plan(cluster, plan, provider_ids, check)
     if check or not plan.batches:
         return
-    _execute(cluster, plan, kubectl, provider_ids, runs_dir)
+    _execute(cluster, plan, kubectl, provider_ids, runs_dir, extra_vars or [])
 
 
 def _print_plan(cluster, plan, provider_ids: dict[str, str], check: bool) -> None:
@@ -82,13 +85,14 @@ def _print_plan(cluster, plan, provider_ids: dict[str, str], check: bool) -> Non
         out.print("nothing to remediate", markup=False)
 
 
-def _execute(cluster, plan, kubectl, provider_ids: dict[str, str], runs_dir: Optional[Path]) -> None:
+def _execute(cluster, plan, kubectl, provider_ids: dict[str, str], runs_dir: Optional[Path],
+             extra_vars: list[Path]) -> None:
     from corral.health.kube import HealthError
     from corral.health.remediate import AnsibleReboot, execute
     from corral.nodes.join import JoinError, default_runs_dir
 
     try:
-        runner = AnsibleReboot(cluster, kubectl, Path(runs_dir or default_runs_dir(cluster.name))) \
+        runner = AnsibleReboot(cluster, kubectl, Path(runs_dir or default_runs_dir(cluster.name)), extra_vars) \
             if any(b.action == "reboot" for b in plan.batches) else None
         report = execute(cluster, plan, kubectl, provider_ids, runner,
                          on_batch=lambda n, b: err.print(f"running batch {n}: {b.action} {', '.join(b.nodes)}",

@@ -93,6 +93,10 @@ def plan(node: dict, verdict: dict | None, faults: list, evict_on_fatal: bool, s
     new = [t for t in taints if t.get("key") != UNHEALTHY_TAINT]
     if verdict is not None and verdict.get("passed"):
         new = [t for t in new if t.get("key") != PREFLIGHT_TAINT]
+    elif verdict is not None and not any(t.get("key") == PREFLIGHT_TAINT for t in new):
+        # This boot's preflight failed on a node without the taint (rebooted
+        # by hand, or lifted before a remediation's reboot): behind it again.
+        new.append({"key": PREFLIGHT_TAINT, "value": "failed", "effect": "NoSchedule"})
     effect = classify.taint_effect(faults, evict_on_fatal)
     if effect:
         worst = faults[0] if faults else None

@@ -79,6 +79,22 @@ def instance_command(cloud: str, provider_id: str) -> list[str]:
                            "cannot find the machine to replace")
 
 
+def inventory_hosts(cluster: Cluster, nodes: list[str]) -> list[str]:
+    """The inventory hosts of these Kubernetes nodes. A node is named after its host's
+    `nodename` (kubelet_join), which may be the short name of the cluster file's FQDN."""
+    from corral.nodes.inventory import host_pool
+
+    hosts = list(host_pool(cluster))
+    found = []
+    for node in nodes:
+        matches = [h for h in hosts if h == node] or [h for h in hosts if h.split(".")[0] == node.split(".")[0]]
+        if len(matches) != 1:
+            raise RemediationError(f"node {node} is {'no' if not matches else 'more than one'} on-prem host of "
+                                   f"{cluster.name}'s cluster file" + (f": {', '.join(matches)}" if matches else ""))
+        found.append(matches[0])
+    return found
+
+
 def playbook_argv(inventory: str, hosts: list[str], extra_vars: str) -> list[str]:
     return ["ansible-playbook", "-i", inventory, PLAYBOOK, "--limit", ",".join(hosts), "-e", f"@{extra_vars}"]
 
@@ -96,10 +112,14 @@ def playbook_vars(kubectl: Kubectl, batch: Batch) -> dict:
 def steps(cluster: Cluster, batch: Batch, provider_ids: dict[str, str], kubectl_argv: str = "kubectl") -> list[str]:
     """The commands one batch runs, as `--check` shows them."""
     if batch.action == "reboot":
+        try:
+            hosts = inventory_hosts(cluster, batch.nodes)
+        except RemediationError as error:
+            return [f"(fails: {error})"]
         return [
-            f"cd ansible && {shlex.join(playbook_argv('INVENTORY', batch.nodes, 'VARS'))}",
+            f"cd ansible && {shlex.join(playbook_argv('INVENTORY', hosts, 'VARS'))}",
             f"  (VARS: {json.dumps({'corral_remediate_batch': len(batch.nodes)})} and the kubeconfig; per host: "
-            f"taint {PREFLIGHT_TAINT_KEY}=pending:NoSchedule, cordon, drain, reboot, preflight, uncordon, "
+            f"cordon, drain, reboot, taint {PREFLIGHT_TAINT_KEY}=pending:NoSchedule, preflight, uncordon, "
             f"wait until {PREFLIGHT_TAINT_KEY} and {UNHEALTHY_TAINT_KEY} are lifted)",
         ]
     lines = []
@@ -151,10 +171,12 @@ def node_is_back(node: dict) -> tuple[bool, str]:
 class AnsibleReboot:
     """Runs remediate.yml for one batch of on-prem hosts (ansible-playbook, a process)."""
 
-    def __init__(self, cluster: Cluster, kubectl: Kubectl, runs_dir: Path) -> None:
+    def __init__(self, cluster: Cluster, kubectl: Kubectl, runs_dir: Path, extra_vars: list[Path] = ()) -> None:
         from corral.nodes.join import ansible_dir
 
         self.cluster, self.kubectl, self.runs_dir = cluster, kubectl, runs_dir
+        # Site overrides (timeouts) first: corral's own variables below win.
+        self.site_vars = [str(Path(f).resolve()) for f in extra_vars]
         self.ansible = ansible_dir()
 
     def __call__(self, batch: Batch) -> tuple[int, Path]:
@@ -170,7 +192,10 @@ class AnsibleReboot:
             inventory.write_text(inv.to_ansible_yaml(inv.as_yaml_inventory(inv.build(self.cluster))))
             extra.write_text(json.dumps(playbook_vars(self.kubectl, batch)))
             with open(log, "w") as out:
-                proc = subprocess.run(playbook_argv(str(inventory), batch.nodes, str(extra)), cwd=self.ansible,
+                argv = playbook_argv(str(inventory), inventory_hosts(self.cluster, batch.nodes), str(extra))
+                for site in reversed(self.site_vars):
+                    argv[-2:-2] = ["-e", f"@{site}"]
+                proc = subprocess.run(argv, cwd=self.ansible,
                                       env={**os.environ, "ANSIBLE_CONFIG": str(self.ansible / "ansible.cfg"),
                                            "ANSIBLE_NOCOLOR": "1"},
                                       stdout=out, stderr=subprocess.STDOUT, check=False)
@@ -178,7 +203,10 @@ class AnsibleReboot:
 
 
 def _reboot(batch: Batch, kubectl: Kubectl, run_playbook: Callable[[Batch], tuple[int, Path]]) -> list[Outcome]:
-    rc, log = run_playbook(batch)
+    try:
+        rc, log = run_playbook(batch)
+    except RemediationError as error:
+        return [Outcome(name, batch.pool, "reboot", False, str(error)) for name in batch.nodes]
     outcomes = []
     for name in batch.nodes:
         try:

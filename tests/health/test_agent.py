@@ -189,3 +189,15 @@ def test_admission_policy_fences_the_agent_to_its_node_and_corral_taints():
     assert admit(vap, AGENT, "gpu-001", old, cordoned) == ["the GPU health agent may not relabel or cordon nodes"]
     # Anyone else is not this policy's business.
     assert admit(vap, "kubernetes-admin", None, old, node()) == []
+
+
+def test_a_failed_verdict_of_this_boot_puts_the_node_back_behind_the_preflight(agent):
+    # The node served (no preflight taint), rebooted, and this boot's preflight failed.
+    failing = {"passed": False, "reason": "DriverMismatch", "message": "driver 535.183.01 loaded", "boot_id": "b2"}
+    update = agent.plan(node(GPU), failing, [], True, STAMP)
+    assert update["taints"] == [GPU, {"key": PREFLIGHT_TAINT_KEY, "value": "failed", "effect": "NoSchedule"}]
+    # Already behind it (the remediation's taint): left as it is.
+    assert agent.plan(node(GPU, PREFLIGHT), failing, [], True, STAMP)["taints"] is None
+    # No verdict yet for this boot: no taint added (a node whose pool's preflight
+    # is not installed yet must not be fenced off by an upgrade of the agent).
+    assert agent.plan(node(GPU), None, [], True, STAMP)["taints"] is None
