@@ -219,14 +219,18 @@ SD_ROLES = {"node", "pod", "service", "endpoints", "endpointslice", "ingress"}
 
 
 def for_debian_promtool(config: dict, folder: Path) -> dict:
-    """The config with Kubernetes discovery as file discovery (Debian's promtool lacks it),
-    and the in-cluster file paths under `folder`."""
+    """The config with Kubernetes discovery as file discovery (Debian's Prometheus lacks
+    it): job J reads `folder`/J.json (created empty if absent), and the in-cluster file
+    paths under `folder`."""
     for job in config["scrape_configs"]:
         for sd in job.pop("kubernetes_sd_configs", []):
             assert set(sd) <= SD_FIELDS and sd["role"] in SD_ROLES, sd
             for selector in sd.get("selectors", []):
                 assert selector["role"] == sd["role"] and set(selector) <= {"role", "label", "field"}
-            job.setdefault("file_sd_configs", []).append({"files": [str(folder / "targets.json")]})
+            targets = folder / f"{job['job_name']}.json"
+            if not targets.exists():
+                targets.write_text("[]")
+            job.setdefault("file_sd_configs", []).append({"files": [str(targets)]})
     text = json.dumps(config)
     for path in ("/etc/prometheus/", "/var/run/secrets/kubernetes.io/serviceaccount/"):
         text = text.replace(path, f"{folder}/")
@@ -238,7 +242,6 @@ def for_debian_promtool(config: dict, folder: Path) -> dict:
 def test_promtool_checks_every_rendered_config_and_rule_file(name, tmp_path):
     cluster = big(tmp_path) if name == "7500-nodes" else FLEET.clusters[name]
     files = prometheus_files(cluster)
-    (tmp_path / "targets.json").write_text("[]")
     for credential in ("ca.crt", "token"):
         (tmp_path / credential).write_text("x")
     for key, text in files.items():

@@ -56,11 +56,11 @@ def recording_rule_layers(groups: list[dict]) -> list[list[dict]]:
 
 
 class PrometheusProcess:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, config: str = "global: {scrape_interval: 1m}\n") -> None:
         self.root = root
         self.tsdb = root / "tsdb"
         self.config = root / "prometheus.yml"
-        self.config.write_text("global: {scrape_interval: 1m}\n")
+        self.config.write_text(config)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
