@@ -293,6 +293,7 @@ def monitoring_stack(cluster: Cluster) -> list[dict]:
         remote_write_dir=monitoring.REMOTE_WRITE_SECRET_DIR,
         ksm_label_allowlist=monitoring.ksm_label_allowlist(),
         ksm_resources=monitoring.ksm_resources(),
+        ksm_shards=monitoring.ksm_shard_count(cluster),
         pod_security=policy.pod_security_labels(cluster, "privileged"),
         off_gpu_affinity=policy.off_gpu_affinity(),
         gpu=gpu,

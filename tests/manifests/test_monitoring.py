@@ -361,3 +361,27 @@ def test_gpu_dashboard_follows_the_health_agent():
         assert needle in text, needle
     control = " ".join(dashboards.queries(dashboards.control_plane()))
     assert "etcd_request_duration_seconds_bucket" in control and "apiserver_request_duration_seconds_bucket" in control
+
+
+def test_kube_state_metrics_is_sharded_at_7500_nodes(tmp_path):
+    cluster = big(tmp_path)
+    objects = monitoring_objects(cluster)
+    assert monitoring.ksm_shard_count(cluster) == 4
+    deployments = {k: o for k, o in objects.items() if k.startswith("Deployment/kube-state-metrics")}
+    assert sorted(deployments) == [f"Deployment/kube-state-metrics-shard-{i}" for i in range(4)]
+    selectors = []
+    for i in range(4):
+        spec = deployments[f"Deployment/kube-state-metrics-shard-{i}"]["spec"]
+        args = spec["template"]["spec"]["containers"][0]["args"]
+        assert args[-2:] == [f"--shard={i}", "--total-shards=4"]
+        selectors.append(tuple(sorted(spec["selector"]["matchLabels"].items())))
+        service = objects[f"Service/kube-state-metrics-shard-{i}"]
+        assert service["spec"]["selector"] == spec["selector"]["matchLabels"]
+    assert len(set(selectors)) == 4  # no Deployment adopts another shard's pod
+    assert "Service/kube-state-metrics" not in objects
+    ksm_job = next(j for j in configs(cluster)["prometheus.yml"]["scrape_configs"] if j["job_name"] == "kube-state-metrics")
+    assert ksm_job["static_configs"][0]["targets"] == [
+        f"kube-state-metrics-shard-{i}.{NS}.svc:8080" for i in range(4)]
+    # The example clusters keep the one unsharded instance.
+    small = monitoring_objects(FLEET.clusters["jaguar"])
+    assert "Deployment/kube-state-metrics" in small and "--total-shards=1" not in json.dumps(small)
