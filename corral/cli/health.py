@@ -81,6 +81,8 @@ def _print_plan(cluster, plan, provider_ids: dict[str, str], check: bool) -> Non
     for pool, held in plan.held.items():
         why = "policy none" if pool not in plan.budgets else "no budget left: nodes already out of service"
         out.print(f"held in pool {pool} ({why}): {', '.join(held)}", markup=False)
+    for pool, nodes in plan.cordoned.items():
+        out.print(f"left alone in pool {pool} (cordoned by someone else): {', '.join(nodes)}", markup=False)
     if not plan.batches and not plan.held:
         out.print("nothing to remediate", markup=False)
 

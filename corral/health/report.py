@@ -40,6 +40,7 @@ class NodeHealth:
     out_of_service: bool = False    # not Ready or cordoned: already unavailable
     provider_id: str = ""           # spec.providerID: the cloud instance behind the node
     resume: bool = False            # cordoned by an interrupted remediation: finish it
+    foreign_cordon: bool = False    # cordoned by someone else: not remediation's to touch
 
 
 def assess(cluster: Cluster, nodes: list[dict]) -> list[NodeHealth]:
@@ -59,7 +60,9 @@ def assess(cluster: Cluster, nodes: list[dict]) -> list[NodeHealth]:
         health = NodeHealth(node["metadata"]["name"], pool.name, pool.provider, "healthy", reasons=reasons,
                             out_of_service=not ready or bool(node.get("spec", {}).get("unschedulable")),
                             provider_id=node.get("spec", {}).get("providerID", ""),
-                            resume=annotations.get(CORDON_ANNOTATION) == REMEDIATION_CORDON)
+                            resume=annotations.get(CORDON_ANNOTATION) == REMEDIATION_CORDON,
+                            foreign_cordon=bool(node.get("spec", {}).get("unschedulable"))
+                            and annotations.get(CORDON_ANNOTATION) != REMEDIATION_CORDON)
         if UNHEALTHY_TAINT_KEY in taints:
             health.state, health.effect = "unhealthy", taints[UNHEALTHY_TAINT_KEY].get("effect", "")
         elif PREFLIGHT_TAINT_KEY in taints:
@@ -87,6 +90,9 @@ class Plan:
     batches: list[Batch]
     held: dict[str, list[str]]     # pool -> unhealthy nodes not acted on (policy none, or no budget)
     budgets: dict[str, int]        # pool -> nodes that may be out at once
+    # pool -> unhealthy nodes someone else cordoned (an operator, an upgrade):
+    # left to them, never drained, rebooted or uncordoned by remediation.
+    cordoned: dict[str, list[str]] = field(default_factory=dict)
 
 
 def plan_remediation(cluster: Cluster, health: list[NodeHealth]) -> Plan:
@@ -98,11 +104,15 @@ def plan_remediation(cluster: Cluster, health: list[NodeHealth]) -> Plan:
     previous batch's nodes are back and healthy.
     """
     policy = cluster.health.remediation
-    batches, held, budgets = [], {}, {}
+    batches, held, budgets, cordoned = [], {}, {}, {}
     for pool in cluster.node_pools:
         members = [h for h in health if h.pool == pool.name]
+        others = sorted(h.name for h in members if h.state == "unhealthy" and h.foreign_cordon)
+        if others:
+            cordoned[pool.name] = others
         # Unhealthy nodes, and nodes an interrupted run left cordoned (finished now).
-        sick = sorted(h.name for h in members if h.state == "unhealthy" or h.resume)
+        sick = sorted(h.name for h in members
+                      if (h.state == "unhealthy" and not h.foreign_cordon) or h.resume)
         if not sick:
             continue
         action = policy.onprem if isinstance(pool, OnPremPool) else policy.cloud
@@ -120,4 +130,4 @@ def plan_remediation(cluster: Cluster, health: list[NodeHealth]) -> Plan:
             continue
         for start in range(0, len(sick), budget):
             batches.append(Batch(pool.name, action, sick[start:start + budget]))
-    return Plan(batches, held, budgets)
+    return Plan(batches, held, budgets, cordoned)

@@ -165,7 +165,7 @@ def rig(hostlab, hostlab_repo, tmp_path_factory):
         # Site overrides for the reboot playbook: a container boots in seconds.
         timeouts = work / "timeouts.json"
         timeouts.write_text(json.dumps({"corral_remediate_reboot_timeout": 300,
-                                        "corral_remediate_healthy_timeout": 120, "corral_remediate_poll_seconds": 2}))
+                                        "corral_remediate_healthy_timeout": 30, "corral_remediate_poll_seconds": 2}))
         yield {"lab": lab, "timeouts": timeouts, "host": host, "api": api, "state": state, "work": work, "cluster": cluster,
                "clusters": clusters, "env": env, "supervisor": supervisor}
     finally:

@@ -183,3 +183,15 @@ def test_check_without_remediate_is_refused(tmp_path):
                                 env={"PATH": f"{FAKE_BIN}{os.pathsep}{os.environ['PATH']}",
                                      "FAKE_NODES": str(tmp_path / "nodes.json"), "KUBECONFIG": "x"})
     assert result.exit_code == 1 and "--check goes with --remediate" in result.output
+
+
+def test_a_node_someone_else_cordoned_is_left_to_them(tmp_path):
+    fleet = h100_fleet(2, total=40)
+    fleet[1]["spec"]["unschedulable"] = True          # gpu-002: an operator looks at it
+    fleet[1]["metadata"]["annotations"] = {CORDON_MARK: "corral-upgrade"}   # or an upgrade holds it
+    result = invoke(tmp_path, fleet)
+    assert result.exit_code == 0, result.output
+    [run] = read_log(tmp_path / "nodes.json.ansible.log")
+    assert run["argv"][run["argv"].index("--limit") + 1] == "gpu-001.sf1.internal"
+    assert "left alone in pool gpu-h100-sf1 (cordoned by someone else): gpu-002.sf1.internal" in result.stdout
+    assert state(tmp_path)["gpu-002.sf1.internal"]["spec"]["unschedulable"] is True
