@@ -207,3 +207,19 @@ def test_a_failed_check_taints_the_node_unhealthy(agent, node_env, monkeypatch, 
     assert words in conditions[classify.ACTIVE_CONDITION]["message"]
     assert not any(t["key"] == PREFLIGHT_TAINT_KEY for t in api.node["spec"]["taints"])   # fence lifted
     assert len(host_calls(node_env)) == 2                                            # not re-run
+
+
+def test_the_addon_gives_the_agent_what_active_checks_need_and_no_more():
+    from corral.manifests.render import render as render_addons
+
+    gpu_health = next(a for a in render_addons(cluster("jaguar")) if a.name == "gpu-health")
+    objects = {f"{o['kind']}/{o['metadata']['name']}": o for o in gpu_health.objects}
+    rules = objects["ClusterRole/corral-gpu-health"]["rules"]
+    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]} in rules
+    assert not any("pods" in r["resources"] and set(r["verbs"]) - {"list"} for r in rules)
+    spec = objects["DaemonSet/corral-gpu-health"]["spec"]["template"]["spec"]
+    assert spec["hostPID"] is True     # nsenter --target 1 reaches the host's DCGM and nccl-tests
+    config = json.loads(objects["ConfigMap/corral-gpu-health"]["data"]["config.json"])
+    assert config["host_command"][:3] == ["nsenter", "--target", "1"]
+    assert config["active"] == {"enabled": True, "interval_seconds": DAY, "dcgm_level": 2}
+    assert config["pools"]["gpu-h100-sf1"]["nccl_command"][-2:] == ["-g", "8"]
