@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 import types
 from pathlib import Path
 
 import pytest
 
-from corral.health import preflight
+from corral.health import addon, preflight
 from corral.model.loader import load_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,3 +40,13 @@ def h100_expected(jaguar) -> dict:
 @pytest.fixture
 def script(h100_expected) -> types.ModuleType:
     return load_script(preflight.render(h100_expected))
+
+
+@pytest.fixture(scope="module")
+def agent():
+    """agent.py loaded the way the pod runs it: a file beside classify.py, not the package."""
+    spec = importlib.util.spec_from_file_location("corral_health_agent", addon.HERE / "agent.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop("classify", None)

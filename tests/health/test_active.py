@@ -9,9 +9,7 @@ fake_bin)."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
-import sys
 
 import pytest
 
@@ -23,15 +21,6 @@ from .conftest import FAKE_BIN, cluster
 FAKE_HOST_BIN = FAKE_BIN.parent / "fake_host_bin"
 H100 = "NVIDIA H100 80GB HBM3"
 DAY = 24 * 3600
-
-
-@pytest.fixture(scope="module")
-def agent():
-    spec = importlib.util.spec_from_file_location("corral_health_agent_active", addon.HERE / "agent.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("classify", None)
 
 
 def pod(name, gpus=None, phase="Running", init=False):

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 
 import pytest
 
@@ -15,16 +13,6 @@ from corral.model.schema import PREFLIGHT_TAINT_KEY, UNHEALTHY_TAINT_KEY
 from .conftest import cluster, load_script
 
 STAMP = "2026-11-24T04:00:00Z"
-
-
-@pytest.fixture(scope="module")
-def agent():
-    # Load agent.py the way the pod runs it: a file beside classify.py, not the package.
-    spec = importlib.util.spec_from_file_location("corral_health_agent", addon.HERE / "agent.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("classify", None)
 
 
 def node(*taints, conditions=()):

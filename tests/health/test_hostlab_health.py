@@ -166,8 +166,8 @@ def rig(hostlab, hostlab_repo, tmp_path_factory):
         timeouts = work / "timeouts.json"
         timeouts.write_text(json.dumps({"corral_remediate_reboot_timeout": 300,
                                         "corral_remediate_healthy_timeout": 30, "corral_remediate_poll_seconds": 2}))
-        yield {"lab": lab, "timeouts": timeouts, "host": host, "api": api, "state": state, "work": work, "cluster": cluster,
-               "clusters": clusters, "env": env, "supervisor": supervisor}
+        yield {"lab": lab, "timeouts": timeouts, "host": host, "api": api, "state": state, "work": work,
+               "cluster": cluster, "clusters": clusters, "env": env, "supervisor": supervisor}
     finally:
         supervisor.stopping.set()
         supervisor.join(timeout=5)
