@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from corral.cli import app
+from corral.health.classify import FAULT_CONDITIONS, PREFLIGHT_CONDITION
 from corral.health.remediate import RemediationError, instance_command
 
 from .conftest import FAKE_BIN, ROOT, cluster
@@ -195,3 +196,9 @@ def test_a_node_someone_else_cordoned_is_left_to_them(tmp_path):
     assert run["argv"][run["argv"].index("--limit") + 1] == "gpu-001.sf1.internal"
     assert "left alone in pool gpu-h100-sf1 (cordoned by someone else): gpu-002.sf1.internal" in result.stdout
     assert state(tmp_path)["gpu-002.sf1.internal"]["spec"]["unschedulable"] is True
+
+
+def test_the_playbook_names_every_fault_condition():
+    # Its failure message lists the node's fault conditions: it must know them all.
+    text = (ROOT / "ansible" / "playbooks" / "remediate.yml").read_text()
+    assert all(c in text for c in (*FAULT_CONDITIONS, PREFLIGHT_CONDITION))
