@@ -18,7 +18,8 @@ def health(
     name: ClusterArg,
     clusters: ClustersOption = DEFAULT_CLUSTERS,
     kubeconfig: Annotated[Optional[Path], typer.Option(
-        help="Credential that reads nodes. Default: $KUBECONFIG.", dir_okay=False)] = None,
+        help="Cluster credential (as `corral join --kubeconfig`): reads nodes; with --remediate also "
+             "cordons, drains, taints and deletes them. Default: $KUBECONFIG.", dir_okay=False)] = None,
     show_all: Annotated[bool, typer.Option("--all", help="List healthy nodes too.")] = False,
     remediate: Annotated[bool, typer.Option(
         "--remediate", help="Remediate unhealthy nodes by health.remediation in the cluster file: reboot "
