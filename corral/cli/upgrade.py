@@ -42,6 +42,15 @@ def upgrade(
     extra_vars: Annotated[Optional[list[Path]], typer.Option(
         "--extra-vars", "-e", help="Variables file of site overrides (repeatable), e.g. repository URLs.",
         exists=True, dir_okay=False)] = None,
+    state_file: Annotated[Optional[Path], typer.Option(
+        help="The control plane's progress (resumes from it). Default: "
+             "~/.local/state/corral/upgrades/CLUSTER.json.", dir_okay=False)] = None,
+    etcd_endpoints: Annotated[Optional[list[str]], typer.Option(
+        "--etcd-endpoint", help="etcd client URL for the health gate (repeatable). Default: the layout's members.")] = None,
+    etcd_cacert: Annotated[Optional[Path], typer.Option(help="etcd CA certificate (health gate).")] = None,
+    etcd_cert: Annotated[Optional[Path], typer.Option(help="etcd client certificate (health gate).")] = None,
+    etcd_key: Annotated[Optional[Path], typer.Option(help="etcd client key (health gate).")] = None,
+    gate_timeout: Annotated[float, typer.Option(help="Seconds a health gate may take to pass.", min=1)] = 900,
 ) -> None:
     """Upgrade the cluster to its declared Kubernetes version (and the pools' drivers); exit 1 if any host failed.
 
@@ -77,13 +86,47 @@ def upgrade(
     if check:
         return
     if any(step.phase == "control-plane" for step in plan.steps):
-        fail(f"the API servers run {plan.api_server}, the target is {target}: the control plane goes first. "
-             f"Roll it with the control-plane procedure in docs/upgrades.md, then run corral upgrade {name} again")
+        tls = (etcd_cacert, etcd_cert, etcd_key)
+        if any(tls) and not all(tls):
+            fail("--etcd-cacert, --etcd-cert and --etcd-key go together")
+        _roll_control_plane(cluster, target, access, state_file, etcd_endpoints, tls if all(tls) else None,
+                            gate_timeout)
+        try:
+            state = read_cluster_state(access)
+            plan = build_plan(cluster, target, state, batch, hosts)
+        except UpgradeError as error:
+            fail(f"after the control plane: {error}")
+        if state.api_server < target:
+            fail(f"the control plane was rolled, but the API server still reports {state.api_server}: "
+                 "no node is upgraded before it runs the target")
     if not hosts:
         out.print("no on-prem hosts: nothing more to do here (cloud pools roll through `corral up`)", markup=False)
         return
     _run_onprem(cluster, str(target), hosts, access, ttl, batch, max_fail_percentage, forks, runs_dir,
                 extra_vars or [], _progress_table)
+
+
+def _roll_control_plane(cluster, target, access, state_file, etcd_endpoints, tls, gate_timeout) -> None:
+    import os
+
+    from corral.etcd import Etcdctl, Tls, require_healthy
+    from corral.model.layout import layout
+    from corral.upgrade.controlplane import kubectl_gates, machine_urns, replace_machine, roll_control_plane
+    from corral.upgrade.versions import UpgradeError
+
+    base = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state"))
+    state_file = state_file or base / "corral" / "upgrades" / f"{cluster.name}.json"
+    endpoints = etcd_endpoints or layout(cluster).etcd_client_urls()
+    ctl = Etcdctl(endpoints=endpoints, tls=Tls(*map(str, tls)) if tls else None)
+    gates = kubectl_gates(access, lambda: require_healthy(ctl, action="replace an API server"), timeout=gate_timeout)
+    try:
+        urns = machine_urns(cluster.name, cluster.control_plane.cloud,
+                            [m.name for m in layout(cluster).api_servers])
+        roll_control_plane(cluster, target, gates, state_file, lambda urn: replace_machine(cluster.name, urn), urns,
+                           on_step=lambda machine, step: err.print(f"{machine}: {step}", markup=False))
+    except UpgradeError as error:
+        fail(f"{error} (progress kept in {state_file}: run again to resume)")
+    out.print(f"control plane at {target}: {len(urns)} API servers replaced and healthy", markup=False)
 
 
 def _run_onprem(cluster, target, hosts, access, ttl, batch, max_fail_percentage, forks, runs_dir, extra_vars,

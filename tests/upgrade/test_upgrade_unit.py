@@ -189,11 +189,13 @@ def test_cli_refuses_skew_violations_with_a_clear_error(fake_api, api, to, messa
     assert not [c for c in fake_api.calls() if c["verb"] in ("cordon", "drain", "apply", "create")]
 
 
-def test_cli_refuses_nodes_before_the_control_plane(fake_api):
+def test_cli_touches_no_node_while_the_control_plane_cannot_go_first(fake_api, monkeypatch):
+    monkeypatch.setenv("PATH", str(FAKE_KUBECTL.parent.parent / "no-such-dir") + os.pathsep
+                       + os.environ["PATH"].split(os.pathsep, 1)[0])  # the fake kubectl only: no pulumi
     fake_api.write("1.31.4", {"gpu-001": "1.31.4"})
-    result = _cli("jaguar", "--to", "1.32.0")
+    result = _cli("jaguar", "--to", "1.32.0", "--state-file", str(fake_api.path.with_name("cp.json")))
     assert result.returncode == 1
-    assert "the control plane goes first" in " ".join(result.stderr.split())
+    assert "pulumi is not installed (progress kept in" in " ".join(result.stderr.split())
     assert not [c for c in fake_api.calls() if c["verb"] in ("cordon", "drain", "apply", "create")]
 
 
