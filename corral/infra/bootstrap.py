@@ -61,6 +61,27 @@ ETCD_VERSION = "3.5.17"
 ETCD_DATA_DIR = "/var/lib/etcd"
 ETCD_PKI_DIR = "/etc/etcd/pki"
 ETCD_CONFIG = "/etc/etcd/etcd.conf.yaml"
+# etcd runs as this system user; it owns its keys from their first write.
+ETCD_USER = "etcd"
+# Boot bounds (docs/cloud-nodes.md "Boot"). The etcd data disk: the boot script
+# waits 60 x 5 s for it at first boot; at later boots its fstab mount (nofail)
+# waits this long for the device without holding up the boot.
+DATA_DISK_WAIT_ATTEMPTS = 60
+DATA_DISK_DEVICE_TIMEOUT = "2min"
+# apt at first boot: wait up to 10 min for the dpkg lock (unattended-upgrades),
+# 5 tries 30 s apart.
+APT_LOCK_TIMEOUT_SECONDS = 600
+APT_ATTEMPTS = 5
+APT_RETRY_SECONDS = 30
+# The first API server waits for any healthy etcd member: 90 x 10 s.
+ETCD_WAIT_ATTEMPTS = 90
+ETCD_WAIT_SECONDS = 10
+# kubeadm init: 3 tries, `kubeadm reset -f` and 30 s between them.
+INIT_ATTEMPTS = 3
+INIT_RETRY_SECONDS = 30
+# API servers 1..N wait for a ready peer to join through: 120 x 15 s.
+PEER_WAIT_ATTEMPTS = 120
+PEER_WAIT_SECONDS = 15
 
 CRI_SOCKET = "unix:///run/containerd/containerd.sock"
 KUBEADM_DIR = "/etc/kubernetes/kubeadm"
@@ -215,13 +236,22 @@ class File:
     path: str
     content: str
     mode: str = "0644"
+    owner: str = "root"  # user and group by name (secret bundles; user data files are root's)
 
 
-def cloud_config(role: str, machine: str, files: list[File], commands: list[str], ref: SecretRef) -> str:
-    """The user data: `files` and `commands`, after fetching the machine's secret `ref`."""
+def apt_context() -> dict[str, int]:
+    """What scripts/apt-get.sh.j2 (included by scripts that install packages) takes."""
+    return {"apt_lock_timeout": APT_LOCK_TIMEOUT_SECONDS, "apt_attempts": APT_ATTEMPTS, "apt_retry_seconds": APT_RETRY_SECONDS}
+
+
+def cloud_config(
+    role: str, machine: str, files: list[File], commands: list[str], ref: SecretRef, boot_commands: tuple[str, ...] = (),
+) -> str:
+    """The user data: `files` and `commands`, after fetching the machine's secret `ref`;
+    `boot_commands` run at every boot before the files are written (users they belong to)."""
     return render(
         "cloud-init/cloud-config.yaml.j2",
-        role=role, machine=machine, secret_ref=ref,
+        role=role, machine=machine, secret_ref=ref, boot_commands=list(boot_commands),
         files=[{"path": f.path, "content": f.content, "mode": f.mode} for f in [fetch_script(ref), *files]],
         commands=[FETCH_SCRIPT, *commands],
     )
@@ -231,7 +261,7 @@ def cloud_config(role: str, machine: str, files: list[File], commands: list[str]
 
 
 def bundle(files: list[File]) -> str:
-    """The files as one secret value: base64 of a tar.gz (modes kept, owner root).
+    """The files as one secret value: base64 of a tar.gz (modes and owners' names kept).
 
     Deterministic (no times, no user names), so an unchanged bundle is an
     unchanged secret. Paths are stored relative to /.
@@ -242,8 +272,9 @@ def bundle(files: list[File]) -> str:
             data = f.content.encode()
             info = tarfile.TarInfo(f.path.lstrip("/"))
             info.size, info.mode, info.mtime = len(data), int(f.mode, 8), 0
+            # By name: uids differ between machines. 0 where the name is unknown.
             info.uid = info.gid = 0
-            info.uname = info.gname = "root"
+            info.uname = info.gname = f.owner
             tar.addfile(info, io.BytesIO(data))
     return base64.b64encode(raw.getvalue()).decode()
 
@@ -254,7 +285,7 @@ def unbundle(value: str) -> dict[str, File]:
     with tarfile.open(fileobj=io.BytesIO(gzip.decompress(base64.b64decode(value))), mode="r") as tar:
         for member in tar.getmembers():
             content = tar.extractfile(member).read().decode()  # type: ignore[union-attr]
-            files["/" + member.name] = File("/" + member.name, content, f"{member.mode:04o}")
+            files["/" + member.name] = File("/" + member.name, content, f"{member.mode:04o}", member.uname)
     return files
 
 
@@ -357,6 +388,7 @@ def node_files(cluster: Cluster) -> list[File]:
             kubernetes_version=cluster.kubernetes.version,
             k8s_repo=f"https://pkgs.k8s.io/core:/stable:/v{minor}/deb/",
             package_version=apt_package_version(cluster.kubernetes.version),
+            **apt_context(),
         ), "0755"),
     ]
 
@@ -435,14 +467,23 @@ def render_etcd_config(cluster: Cluster, member: Machine, members: tuple[Machine
 
 def etcd_secret_files(tls: EtcdMemberTls) -> list[File]:
     """etcd member N's secret: its own keys and certificates, nothing else."""
-    pki = ETCD_PKI_DIR
+    pki, user = ETCD_PKI_DIR, ETCD_USER
     return [
-        File(f"{pki}/ca.crt", tls.ca_cert),
-        File(f"{pki}/server.crt", tls.server_cert),
-        File(f"{pki}/server.key", tls.server_key, "0600"),
-        File(f"{pki}/peer.crt", tls.peer_cert),
-        File(f"{pki}/peer.key", tls.peer_key, "0600"),
+        File(f"{pki}/ca.crt", tls.ca_cert, owner=user),
+        File(f"{pki}/server.crt", tls.server_cert, owner=user),
+        File(f"{pki}/server.key", tls.server_key, "0600", user),
+        File(f"{pki}/peer.crt", tls.peer_cert, owner=user),
+        File(f"{pki}/peer.key", tls.peer_key, "0600", user),
     ]
+
+
+def etcd_boot_commands() -> tuple[str, ...]:
+    """Every boot, before write_files and the secret fetch: the etcd user and its key directory."""
+    return (
+        f"id {ETCD_USER} >/dev/null 2>&1 || useradd --system --no-create-home --home-dir {ETCD_DATA_DIR} "
+        f"--shell /usr/sbin/nologin {ETCD_USER}",
+        f"install -d -o {ETCD_USER} -g {ETCD_USER} -m 0700 {ETCD_PKI_DIR}",
+    )
 
 
 def render_etcd_cloud_init(
@@ -459,13 +500,21 @@ def render_etcd_cloud_init(
             "scripts/etcd-data-disk.sh.j2",
             locate_device=ETCD_DISK_LOCATORS[cluster.control_plane.cloud],
             mount_point=ETCD_DATA_DIR,
+            device_wait_attempts=DATA_DISK_WAIT_ATTEMPTS, device_timeout=DATA_DISK_DEVICE_TIMEOUT,
         ), "0755"),
         File("/usr/local/sbin/corral-install-etcd", render(
             "scripts/install-etcd.sh.j2", etcd_version=ETCD_VERSION, data_dir=ETCD_DATA_DIR, pki_dir=pki,
+            **apt_context(),
         ), "0755"),
     ]
     role = "etcd events member" if events else "etcd member"
-    return cloud_config(role, member.name, files, ["/usr/local/sbin/corral-etcd-data-disk", "/usr/local/sbin/corral-install-etcd"], ref)
+    # The snapshot job and the disk preflight, the same on every cloud (corral/etcd/machine.py;
+    # imported here because it renders through this module).
+    from corral.etcd.machine import MEMBER_COMMANDS, member_files
+
+    files += member_files(cluster, events)
+    commands = ["/usr/local/sbin/corral-etcd-data-disk", "/usr/local/sbin/corral-install-etcd", *MEMBER_COMMANDS]
+    return cloud_config(role, member.name, files, commands, ref, etcd_boot_commands())
 
 
 # --- API servers ----------------------------------------------------------------
@@ -651,6 +700,9 @@ def render_api_server_cloud_init(cluster: Cluster, lay: Layout, index: int, ref:
             token_placeholder=TOKEN_PLACEHOLDER, ca_hash_placeholder=CA_HASH_PLACEHOLDER,
             token_file=TOKEN_FILE, ca_hash_file=CA_HASH_FILE,
             join_attempts=JOIN_ATTEMPTS, join_retry_seconds=JOIN_RETRY_SECONDS,
+            fetch_script=FETCH_SCRIPT, etcd_wait_attempts=ETCD_WAIT_ATTEMPTS, etcd_wait_seconds=ETCD_WAIT_SECONDS,
+            init_attempts=INIT_ATTEMPTS, init_retry_seconds=INIT_RETRY_SECONDS,
+            peer_wait_attempts=PEER_WAIT_ATTEMPTS, peer_wait_seconds=PEER_WAIT_SECONDS,
         ), "0755"),
     ]
     image = coscheduling_image(cluster)

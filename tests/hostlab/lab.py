@@ -54,16 +54,21 @@ log = logging.getLogger("corral.hostlab")
 
 #: Bump when the base customisation below changes in a way the package list
 #: does not capture; it is part of the cache key.
-BASE_RECIPE_VERSION = 3
+BASE_RECIPE_VERSION = 4
 
 #: Packages in the base root.  The first block is TESTHOSTS.md's recipe; the
 #: rest is what Ansible modules need on the target (python3-apt for ``apt``,
 #: python3-debian for ``deb822_repository``) and what the fakes need
-#: (python3-yaml for the kubeadm fake).
+#: (python3-yaml for the kubeadm fake). cloud-init and curl: the bootstrap lab
+#: (tests/bootstrap_lab) runs corral's user data under real cloud-init, as a
+#: cloud image would; it is disabled in the base (/etc/cloud/cloud-init.disabled)
+#: and only that lab turns it on. python3-cffi-backend: cloud-init's python3-cryptography
+#: needs it through a virtual package debootstrap does not resolve.
 BASE_PACKAGES: tuple[str, ...] = (
     "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "iproute2",
     "procps", "sudo", "ca-certificates", "kmod", "gnupg", "apt-transport-https",
     "python3-apt", "python3-debian", "python3-yaml", "iputils-ping",
+    "cloud-init", "python3-cffi-backend", "curl",
 )
 
 DEFAULT_CACHE = "/var/cache/corral-hostlab"
@@ -805,6 +810,9 @@ class Lab:
                "# hostlab: many parallel Ansible connections, no DNS lookups\n"
                "MaxStartups 100:30:200\nMaxSessions 50\nUseDNS no\n"
                "PermitRootLogin prohibit-password\n")
+        # cloud-init stays off unless a lab seeds a datasource and removes this
+        # (tests/bootstrap_lab); other labs' hosts boot as before.
+        _write(root / "etc/cloud/cloud-init.disabled", "hostlab: off unless a lab turns it on\n")
         for deb in (root / "var/cache/apt/archives").glob("*.deb"):
             deb.unlink()
 
@@ -1012,7 +1020,10 @@ class Lab:
         (host.dir / "cgroups.json").write_text(json.dumps([str(d) for d in dirs]))
         nspawn = ["systemd-nspawn", "-q", "-b", "-D", str(host.root), "-M", host.machine,
                   f"--hostname={host.hostname}", "--register=no", "--keep-unit",
-                  f"--network-bridge={cfg.bridge}", "--console=passive",
+                  # read-only: console output goes to nspawn.log. With "passive" nobody
+                  # reads the console pty; once its buffer is full, every write to
+                  # /dev/console (PID 1's status lines, cloud-init) blocks the writer.
+                  f"--network-bridge={cfg.bridge}", "--console=read-only",
                   "--resolv-conf=off", "--link-journal=no", "--timezone=off"]
         # the shell moves itself into the fresh cgroups, then becomes nspawn
         moves = " ".join(f"echo $$ > {shlex.quote(str(d / 'cgroup.procs'))};" for d in dirs)

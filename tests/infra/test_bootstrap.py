@@ -55,10 +55,15 @@ def example(name: str):
 
 
 def cloud_config(text: str) -> tuple[dict[str, dict], list[str]]:
-    """write_files by path, and the commands, of a cloud-init document."""
+    """write_files by path, and the commands, of a cloud-init document.
+
+    runcmd is one shell script: `set -e` first, so the first failing command
+    ends it non-zero and cloud-init reports the boot failed.
+    """
     assert text.startswith("#cloud-config\n")
     document = yaml.safe_load(text)
-    return {f["path"]: f for f in document["write_files"]}, document["runcmd"]
+    assert document["runcmd"][0] == "set -e"
+    return {f["path"]: f for f in document["write_files"]}, document["runcmd"][1:]
 
 
 def secret(files) -> dict[str, dict]:
@@ -107,7 +112,8 @@ def test_etcd_member_config(cluster_variant):
     assert not any(path.startswith("/etc/etcd/pki/") for path in files)  # keys never in user data
     unit = files["/etc/systemd/system/etcd.service"]["content"]
     assert "RequiresMountsFor=/var/lib/etcd" in unit and "--config-file /etc/etcd/etcd.conf.yaml" in unit
-    assert commands == [FETCH, "/usr/local/sbin/corral-etcd-data-disk", "/usr/local/sbin/corral-install-etcd"]
+    assert commands == [FETCH, "/usr/local/sbin/corral-etcd-data-disk", "/usr/local/sbin/corral-install-etcd",
+                        "systemctl daemon-reload && systemctl enable --now corral-etcd-snapshot.timer"]
 
 
 def test_events_members_are_their_own_etcd_cluster(cluster_variant):
@@ -192,7 +198,8 @@ def test_first_api_server_inits_with_external_etcd_and_large_cluster_flags():
     assert kubelet["cgroupDriver"] == "systemd"
     script = files["/usr/local/sbin/corral-api-server"]["content"]
     # Initialise only when no peer is up; a replacement first server joins instead.
-    init_at, join_at = script.index("kubeadm init --config /etc/kubernetes/kubeadm/init.yaml"), script.index("kubeadm join")
+    init_at = script.index("init --config /etc/kubernetes/kubeadm/init.yaml")
+    join_at = script.index('join --config "$JOIN_CONFIG"')
     assert script.index('if [ -z "$ENDPOINT" ]') < init_at < script.index("exit 0") < join_at
     assert docs(files["/etc/kubernetes/kubeadm/join.yaml"]["content"])["JoinConfiguration"]["controlPlane"]
     assert commands == [FETCH, "/usr/local/sbin/corral-api-server"]
@@ -233,7 +240,7 @@ def test_other_api_servers_join_the_control_plane():
     assert config["discovery"]["bootstrapToken"]["token"] == bootstrap.TOKEN_PLACEHOLDER
     assert config["discovery"]["bootstrapToken"]["caCertHashes"] == [bootstrap.CA_HASH_PLACEHOLDER]
     script = files["/usr/local/sbin/corral-api-server"]["content"]
-    assert 'kubeadm join --config "$JOIN_CONFIG"' in script and "kubeadm init" not in script
+    assert 'join --config "$JOIN_CONFIG"' in script and "init --config" not in script
     assert f"$(cat {bootstrap.TOKEN_FILE})" in script and f"$(cat {bootstrap.CA_HASH_FILE})" in script
     # Discovery through any peer already up, never through itself.
     peers = script.split("for ip in ")[1].split(";")[0].split()
@@ -332,7 +339,7 @@ def test_pool_nodes_join_with_the_shared_template_and_their_labels_and_taints():
     assert ("corral.dev/team", "inference", "NoSchedule") in taints
     assert ("nvidia.com/gpu", "present", "NoSchedule") in taints
     script = files["/usr/local/sbin/corral-pool-node"]["content"]
-    assert bootstrap.NODE_NAME_PLACEHOLDER in script and 'kubeadm join --config "$JOIN_CONFIG"' in script
+    assert bootstrap.NODE_NAME_PLACEHOLDER in script and 'join --config "$JOIN_CONFIG"' in script
     # The token and everything holding it leave the disk when the script ends.
     assert f'trap \'rm -f "$JOIN_CONFIG" {bootstrap.TOKEN_FILE}' in script
     assert commands == [FETCH, "/usr/local/sbin/corral-pool-node"]
@@ -392,11 +399,11 @@ def test_every_boot_script_is_valid_bash(name, tmp_path):
         for path, file in cloud_config(document)[0].items()
         if file["content"].startswith("#!/bin/bash")
     ]
-    # Every machine: fetch-secrets; etcd: data disk + install etcd; per API server:
+    # Every machine: fetch-secrets; etcd: data disk + install etcd + snapshot job; per API server:
     # node-prep, provider ID, pod metadata block, hairpin, its script (on AWS also
     # the API load balancer's DNS name); pool: node-prep, provider ID, metadata block, its script.
     per_api_server = 1 + (6 if cluster.control_plane.cloud == "aws" else 5)
-    assert len(scripts) == (1 + 2) + 2 * per_api_server + (1 + 4)
+    assert len(scripts) == (1 + 3) + 2 * per_api_server + (1 + 4)
     for number, (path, text) in enumerate(scripts):
         script = tmp_path / f"{number}.sh"
         script.write_text(text)

@@ -244,7 +244,7 @@ def test_every_cloud_kubelet_machine_registers_with_a_provider_id(name):
                     if path in ("/usr/local/sbin/corral-api-server", "/usr/local/sbin/corral-pool-node"))
         # Filled in before any kubeadm run, from the script's own assignment (set -e).
         assert f"PROVIDER_ID=$({PROVIDER_ID_SCRIPT})" in boot
-        assert boot.index(PROVIDER_ID_PLACEHOLDER) < boot.index("kubeadm ")
+        assert boot.index(PROVIDER_ID_PLACEHOLDER) < boot.index("kubeadm_attempts ")
 
 
 def test_pool_boot_script_fills_in_the_provider_id_before_joining(fake_metadata_server, tmp_path):
