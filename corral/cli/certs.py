@@ -100,5 +100,35 @@ def _has(program: str) -> bool:
     return shutil.which(program) is not None
 
 
+def kubeconfig(
+    name: ClusterArg,
+    user: Annotated[str, typer.Option(help="Your name: the certificate's common name (what RBAC sees).")],
+    out_file: Annotated[Path, typer.Option("--out", help="Where to write the kubeconfig (0600).", dir_okay=False)],
+    clusters: ClustersOption = DEFAULT_CLUSTERS,
+    group: Annotated[Optional[list[str]], typer.Option(help="Group (repeatable), bound to roles by RBAC.")] = None,
+    ttl: Annotated[str, typer.Option(help="Lifetime, 10m..24h.")] = "8h",
+    admin_kubeconfig: Annotated[Optional[Path], typer.Option(
+        "--kubeconfig", help="A credential that may create and approve CSRs. Default: $KUBECONFIG, else the "
+                             "stack's adminKubeconfig.", dir_okay=False)] = None,
+) -> None:
+    """A short-lived personal kubeconfig: a client certificate of hours through the CSR API."""
+    from corral.certs.kubeconfig import CredentialError, issue_kubeconfig
+    from corral.nodes.join import ClusterAccess, JoinError, parse_ttl
+
+    cluster_or_exit(clusters, name)
+    try:
+        lifetime = parse_ttl(ttl)
+    except JoinError:
+        fail(f"--ttl {ttl}: expected a duration like 8h or 90m (10m..24h)")
+    try:
+        access = ClusterAccess.resolve(name, admin_kubeconfig, from_stack=True)
+        cert = issue_kubeconfig(access, user, group or [], lifetime, out_file)
+    except (JoinError, CredentialError) as error:
+        fail(str(error))
+    out.print(f"{out_file}: {cert.subject.rfc4514_string()}, valid until "
+              f"{cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC", markup=False)
+
+
 def register(app: typer.Typer) -> None:
     app.command()(certs)
+    app.command()(kubeconfig)
