@@ -10,6 +10,7 @@ import pulumi_aws as aws
 from corral.infra.platform import ClusterContext
 from corral.model import CloudPool, Cluster
 from corral.model.layout import node_group_name
+from corral.upgrade.rolling import SURGE_PERCENT, WARMUP_SECONDS, rolls_on_deploy
 
 from .common import (
     check_zone,
@@ -71,6 +72,22 @@ def _check_tags(pool: CloudPool, all_tags: Mapping[str, str]) -> None:
         raise ValueError(
             f"pool {pool.name} needs {len(all_tags)} AWS tags (labels and taints included); AWS allows {TAGS_MAX}"
         )
+
+
+def instance_refresh(pool: CloudPool) -> dict | None:
+    """Surge-first instance refresh (corral/upgrade/rolling.py): launch, wait warm, then terminate."""
+    if not rolls_on_deploy(pool):
+        return None
+    return {
+        "strategy": "Rolling",
+        "preferences": {
+            "min_healthy_percentage": 100,
+            "max_healthy_percentage": 100 + SURGE_PERCENT,
+            "instance_warmup": str(WARMUP_SECONDS),
+            "skip_matching": True,
+            "auto_rollback": True,
+        },
+    }
 
 
 class NodePools(pulumi.ComponentResource):
@@ -174,6 +191,8 @@ class NodePools(pulumi.ComponentResource):
                 capacity_rebalance=pool.spot,
                 # Do not hold `pulumi up` until min_size instances are in service.
                 wait_for_capacity_timeout="0",
+                # A new launch template version starts a rolling refresh (CPU pools).
+                instance_refresh=instance_refresh(pool),
                 tags=[
                     {"key": key, "value": value, "propagate_at_launch": True}
                     for key, value in all_tags.items()

@@ -11,6 +11,7 @@ import pulumi_azure_native as azure
 from corral.infra.platform import ClusterContext
 from corral.manifests.policy import autoscaler_node_groups
 from corral.model.schema import CloudPool
+from corral.upgrade.rolling import KUBELET_HEALTHZ_PORT, SURGE_PERCENT, WARMUP_SECONDS, rolls_on_deploy
 
 from .common import (
     ADMIN_USERNAME,
@@ -69,6 +70,40 @@ def autoscaler_tags(ctx: ClusterContext, pool: CloudPool, min_size: int, max_siz
         result[CA_TAINT_TAG + taint.key.replace("/", "_")] = f"{taint.value}:{taint.effect}"
     return result
 
+
+
+def upgrade_policy(pool: CloudPool) -> azure.compute.UpgradePolicyArgs:
+    """Rolling, surge-first, for CPU pools; Manual for GPU pools (corral/upgrade/rolling.py)."""
+    if not rolls_on_deploy(pool):
+        return azure.compute.UpgradePolicyArgs(mode="Manual")
+    return azure.compute.UpgradePolicyArgs(
+        mode="Rolling",
+        rolling_upgrade_policy=azure.compute.RollingUpgradePolicyArgs(
+            max_batch_instance_percent=SURGE_PERCENT,
+            # New VMs first; the old ones of a batch go once the new are healthy.
+            max_surge=True,
+            max_unhealthy_instance_percent=20,
+            max_unhealthy_upgraded_instance_percent=SURGE_PERCENT,
+            pause_time_between_batches=f"PT{WARMUP_SECONDS}S",
+            prioritize_unhealthy_instances=True,
+        ),
+    )
+
+
+def health_extension(pool: CloudPool) -> azure.compute.VirtualMachineScaleSetExtensionProfileArgs | None:
+    """A Rolling scale set needs a health signal: the kubelet's /healthz, probed on the VM itself."""
+    if not rolls_on_deploy(pool):
+        return None
+    return azure.compute.VirtualMachineScaleSetExtensionProfileArgs(extensions=[
+        azure.compute.VirtualMachineScaleSetExtensionArgs(
+            name="kubelet-health",
+            publisher="Microsoft.ManagedServices",
+            type="ApplicationHealthLinux",
+            type_handler_version="2.0",
+            auto_upgrade_minor_version=True,
+            settings={"protocol": "http", "port": KUBELET_HEALTHZ_PORT, "requestPath": "/healthz"},
+        ),
+    ])
 
 class NodePools(pulumi.ComponentResource):
     """Per cloud pool and pool zone a Uniform VM scale set, named
@@ -183,7 +218,7 @@ class NodePools(pulumi.ComponentResource):
                 # Above 100 VMs a scale set must span placement groups.
                 single_placement_group=False,
                 platform_fault_domain_count=1,
-                upgrade_policy=azure.compute.UpgradePolicyArgs(mode="Manual"),
+                upgrade_policy=upgrade_policy(pool),
                 virtual_machine_profile=azure.compute.VirtualMachineScaleSetVMProfileArgs(
                     os_profile=azure.compute.VirtualMachineScaleSetOSProfileArgs(
                         computer_name_prefix=f"{set_name}-",
@@ -223,6 +258,7 @@ class NodePools(pulumi.ComponentResource):
                         ],
                     ),
                     diagnostics_profile=boot_diagnostics(),
+                    extension_profile=health_extension(pool),
                     priority="Spot" if spot else "Regular",
                     eviction_policy="Delete" if spot else None,
                     # -1: pay up to the on-demand price; evicted only for capacity.

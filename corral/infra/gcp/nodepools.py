@@ -46,6 +46,7 @@ import pulumi_gcp as gcp
 from corral.infra.platform import ClusterContext
 from corral.model.layout import node_group_name
 from corral.model.schema import CloudPool, Cluster
+from corral.upgrade.rolling import rolls_on_deploy
 
 from .common import (
     ATTACHABLE_GPUS,
@@ -261,9 +262,10 @@ class NodePools(pulumi.ComponentResource):
                     base_instance_name=zone_group,
                     versions=[{"name": "primary", "instance_template": template.self_link_unique}],
                     target_size=zone_min,
-                    # New templates (user data, image) reach new machines
-                    # only: running GPU jobs are never restarted by a deploy.
-                    update_policy={"type": "OPPORTUNISTIC", "minimal_action": "REPLACE"},
+                    # CPU pools roll surge-first on a new template; on GPU
+                    # pools new templates reach new machines only: running
+                    # GPU jobs are never restarted by a deploy (rolling.py).
+                    update_policy=update_policy(pool),
                     wait_for_instances=False,
                     opts=pulumi.ResourceOptions(
                         parent=self, depends_on=network.egress, ignore_changes=["targetSize"]
@@ -283,6 +285,15 @@ class NodePools(pulumi.ComponentResource):
         """Nothing to add on GCP: the API servers' account already holds the resize
         role on exactly these MIGs (an IAM condition naming them, apiservers.py),
         which the model names before they exist."""
+
+
+def update_policy(pool: CloudPool) -> dict:
+    if not rolls_on_deploy(pool):
+        return {"type": "OPPORTUNISTIC", "minimal_action": "REPLACE"}
+    # Zonal MIGs: one extra machine per zone at a time, none taken away
+    # before its replacement runs (SUBSTITUTE: new names, no waiting for the old one's).
+    return {"type": "PROACTIVE", "minimal_action": "REPLACE", "max_surge_fixed": 1, "max_unavailable_fixed": 0,
+            "replacement_method": "SUBSTITUTE"}
 
 
 def _autoscaler_spec(

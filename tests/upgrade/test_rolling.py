@@ -1,0 +1,70 @@
+"""Cloud pools' rolling policy, read from the golden plans of heron (AWS), ibis
+(GCP) and jaguar (Azure): CPU pools roll surge-first on a new template, GPU
+pools are never rolled by a deploy (corral/upgrade/rolling.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from corral.model import load_cluster
+from corral.upgrade.rolling import KUBELET_HEALTHZ_PORT, SURGE_PERCENT
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def resources(cluster: str, type_: str) -> list[dict]:
+    plan = json.loads((ROOT / "tests" / "golden" / "plans" / f"{cluster}.json").read_text())
+    return [r for r in plan["resources"] if r["type"] == type_]
+
+
+def gpu_pools(cluster: str) -> set[str]:
+    return {p.name for p in load_cluster(ROOT / "clusters" / f"{cluster}.yaml").cloud_pools if p.gpu}
+
+
+def test_aws_cpu_groups_refresh_surge_first_and_gpu_groups_do_not():
+    groups = resources("heron", "aws:autoscaling/group:Group")
+    gpu = gpu_pools("heron")
+    assert gpu and len(groups) > len(gpu)
+    for group in groups:
+        pool = next(t["value"] for t in group["inputs"]["tags"] if t["key"] == "corral-pool")
+        refresh = group["inputs"].get("instanceRefresh")
+        if pool in gpu:
+            assert refresh is None, group["name"]
+        else:
+            assert refresh["strategy"] == "Rolling"
+            prefs = refresh["preferences"]
+            assert prefs["minHealthyPercentage"] == 100 and prefs["maxHealthyPercentage"] == 100 + SURGE_PERCENT
+
+
+def test_gcp_cpu_migs_surge_without_unavailability_and_gpu_migs_stay_opportunistic():
+    migs = resources("ibis", "gcp:compute/instanceGroupManager:InstanceGroupManager")
+    gpu = gpu_pools("ibis")
+    for mig in migs:
+        policy = mig["inputs"]["updatePolicy"]
+        pool = mig["inputs"]["description"].split()[1]
+        if pool in gpu:
+            assert policy == {"minimalAction": "REPLACE", "type": "OPPORTUNISTIC"}
+        else:
+            assert policy["type"] == "PROACTIVE" and policy["maxSurgeFixed"] >= 1
+            assert policy["maxUnavailableFixed"] == 0
+
+
+@pytest.mark.parametrize("cluster", ["jaguar"])
+def test_azure_cpu_scale_sets_roll_with_surge_and_the_kubelet_as_health(cluster):
+    sets = resources(cluster, "azure-native:compute:VirtualMachineScaleSet")
+    gpu = gpu_pools(cluster)
+    assert sets
+    for vmss in sets:
+        pool = vmss["inputs"]["tags"]["corral-pool"]
+        policy = vmss["inputs"]["upgradePolicy"]
+        extensions = (vmss["inputs"]["virtualMachineProfile"].get("extensionProfile") or {}).get("extensions", [])
+        if pool in gpu:
+            assert policy == {"mode": "Manual"} and not extensions
+        else:
+            assert policy["mode"] == "Rolling" and policy["rollingUpgradePolicy"]["maxSurge"] is True
+            health = [e for e in extensions if e["type"] == "ApplicationHealthLinux"]
+            assert health and health[0]["settings"] == {"protocol": "http", "port": KUBELET_HEALTHZ_PORT,
+                                                        "requestPath": "/healthz"}
