@@ -123,7 +123,7 @@ class ClusterContext:
         return "-".join((self.cluster.name, *parts))
 
 
-COMPONENTS = ("Network", "Etcd", "ApiServers", "NodePools", "HybridLink", "SecretStore")
+COMPONENTS = ("Network", "Etcd", "ApiServers", "NodePools", "HybridLink", "SecretStore", "SnapshotBucket")
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ Pulumi's mocks (`plan.py`). It:
    every machine's cloud-init, which holds only references to them;
 3. imports the cluster's cloud package by name (`corral.infra.<cloud>`), so
    only that cloud's SDK is loaded, and builds its components:
-   SecretStore, Network, Etcd (twice with a dedicated events cluster),
+   SecretStore, Network, Etcd (twice with a dedicated events cluster), SnapshotBucket,
    ApiServers, NodePools (when the cluster has cloud pools) and HybridLink
    (when a site has a VPN), then lets each machine identity read its own
    role's secret and nothing else;
@@ -112,6 +112,7 @@ class Deployment:
     hybrid_link: Any | None
     outputs: dict[str, Any] = field(default_factory=dict)
     addons: Any | None = None
+    snapshot_bucket: Any | None = None
 
 
 def build(cluster: Cluster, platform: ModuleType | None = None) -> Deployment:
@@ -139,11 +140,17 @@ def build(cluster: Cluster, platform: ModuleType | None = None) -> Deployment:
         if pki.vpn_shared_keys else None
     )
     bootstrap.grant_readers(secret_store, etcd, events_etcd, api_servers, node_pools)
+    # etcd snapshots (docs/etcd.md): every member may upload, only the leader does.
+    snapshot_bucket = cloud.SnapshotBucket(name("etcd-snapshots"), ctx)
+    for component in (etcd, events_etcd):
+        for member, identity in (component.identities if component else {}).items():
+            snapshot_bucket.grant_write(member, identity)
     if node_pools is not None:
         node_pools.allow_resize(api_servers.identities)
     deployment = Deployment(
         ctx, pki, secret_store, secrets, user_data, network, etcd, events_etcd, api_servers, node_pools, hybrid_link,
     )
+    deployment.snapshot_bucket = snapshot_bucket
     deployment.outputs = outputs.stack_outputs(ctx, pki, hybrid_link.sites if hybrid_link else None)
     # The add-ons (CNI, device plugin, autoscaler, policy, monitoring), applied
     # once the API answers; see docs/addons.md for why here and not at boot.

@@ -112,3 +112,22 @@ def test_disk_probe_reports_and_enforces_the_limit(tmp_path, capsys):
     assert "TOO SLOW" in capsys.readouterr().err
     assert disk_probe.main([str(tmp_path), "--max-writes", "20", "--limit-ms", "0", "--enforce"]) == 1
     assert list(tmp_path.glob(".corral-disk-probe*")) == []
+
+
+def test_bucket_components_are_versioned_expire_and_grant_members_create_only():
+    """The three clouds' SnapshotBucket: same inputs, create-only grants, retention from the cluster file."""
+    from corral.infra.aws.backup import lifecycle_rules as aws_rules, write_policy
+    from corral.infra.azure.backup import WRITE_DATA_ACTIONS, management_policy
+    from corral.infra.gcp.backup import OBJECT_CREATOR, lifecycle_rules as gcp_rules
+
+    assert write_policy("arn:aws:s3:::b")["Statement"] == [
+        {"Sid": "PutEtcdSnapshots", "Effect": "Allow", "Action": ["s3:PutObject"], "Resource": "arn:aws:s3:::b/*"}]
+    (rule,) = aws_rules(14)
+    assert rule["expiration"] == {"days": 14} and rule["noncurrent_version_expiration"] == {"noncurrent_days": 14}
+    assert OBJECT_CREATOR == "roles/storage.objectCreator"
+    assert [r["condition"] for r in gcp_rules(7)] == [
+        {"age": 7}, {"days_since_noncurrent_time": 7, "with_state": "ARCHIVED"}]
+    assert not any(a.endswith(("/read", "/delete", "/deleteBlobVersion/action")) for a in WRITE_DATA_ACTIONS)
+    actions = management_policy("etcd-snapshots", 30)["rules"][0]["definition"]["actions"]
+    assert actions["base_blob"]["delete"] == {"days_after_modification_greater_than": 30}
+    assert actions["version"]["delete"] == {"days_after_creation_greater_than": 30}

@@ -13,7 +13,7 @@ from typing import Any
 
 import pulumi
 
-from corral.infra.platform import SecretRef
+from corral.infra.platform import SecretRef, snapshot_location
 
 calls: dict[str, list[dict[str, Any]]] = {}
 
@@ -64,6 +64,23 @@ class SecretStore(pulumi.ComponentResource):
             "fake:index:Grant", f"{self.prefix}-secret-{key}-{reader}", {"secret": self.ref(key).name, "identity": identity},
             pulumi.ResourceOptions(parent=self),
         )
+
+
+class SnapshotBucket(pulumi.ComponentResource):
+    """The bucket as `fake:index:Bucket`, write grants as `fake:index:BucketGrant`."""
+
+    def __init__(self, name, ctx, opts=None):
+        super().__init__("corral:fake:SnapshotBucket", name, None, opts)
+        self.location = snapshot_location(ctx.cluster)
+        self.writers: list[tuple[str, Any]] = []
+        pulumi.CustomResource("fake:index:Bucket", name, {"bucket": self.location.bucket},
+                              pulumi.ResourceOptions(parent=self))
+        self.register_outputs({})
+
+    def grant_write(self, writer, identity):
+        self.writers.append((writer, identity))
+        pulumi.CustomResource("fake:index:BucketGrant", f"{self.location.bucket}-{writer}",
+                              {"identity": identity}, pulumi.ResourceOptions(parent=self))
 
 
 class Etcd(pulumi.ComponentResource):

@@ -85,6 +85,10 @@ def build(ctx: platform.ClusterContext) -> dict:
         store.put(key, pulumi.Output.secret(f"value of {key}"))
     bootstrap.grant_readers(store, etcd, events, api, pools)
     pools.allow_resize(api.identities)
+    snapshots = az.SnapshotBucket("etcd-snapshots", ctx)
+    for component in (etcd, events):
+        for member, identity in (component.identities if component else {}).items():
+            snapshots.grant_write(member, identity)
     return {
         "sites": link.sites,
         "control_subnet_ids": net.control_subnet_ids,
@@ -171,6 +175,7 @@ def test_components_have_the_platform_signatures():
         "NodePools": ["name", "ctx", "network", "user_data", "opts"],
         "HybridLink": ["name", "ctx", "network", "shared_keys", "opts"],
         "SecretStore": ["name", "ctx", "opts"],
+        "SnapshotBucket": ["name", "ctx", "opts"],
     }
     assert set(expected) == set(platform.COMPONENTS)
     for name, params in expected.items():
@@ -196,7 +201,10 @@ def test_names_location_and_tags(jaguar: Plan):
         assert r.name.startswith("jaguar-"), r.name
         if r.type.startswith("azure-native:") and r.type not in (
                 "azure-native:network:Subnet", "azure-native:authorization:RoleAssignment",
-                "azure-native:keyvault:Secret"):  # a vault's child: the vault's location
+                "azure-native:keyvault:Secret",  # a vault's child: the vault's location
+                # the snapshot account's children and its custom role: no location or tags of their own
+                "azure-native:storage:BlobServiceProperties", "azure-native:storage:BlobContainer",
+                "azure-native:storage:ManagementPolicy", "azure-native:authorization:RoleDefinition"):
             assert r.inputs.get("location") == REGION, r.name
             tags = r.inputs.get("tags")
             assert tags["corral-cluster"] == "jaguar" and tags["managed-by"] == "corral", r.name
@@ -390,7 +398,9 @@ def test_etcd_disks_are_protected_and_retained(variant: str, request):
     for disk in plan.of("compute:Disk"):
         assert disk.protect and disk.retain_on_delete, disk.name
     # Nothing else is protected: VMs can be replaced, their disks stay.
-    assert all(not r.protect for r in plan.records if r.type != "azure-native:compute:Disk")
+    # ... and the etcd snapshots' storage account (corral/infra/azure/backup.py).
+    assert all(not r.protect for r in plan.records
+               if r.type not in ("azure-native:compute:Disk", "azure-native:storage:StorageAccount"))
 
 
 def test_ultra_enables_the_capability_and_premium_v2_does_not(jaguar: Plan, ultra: Plan):
@@ -514,8 +524,13 @@ def test_api_servers_may_drive_the_scale_sets_and_nothing_else(jaguar: Plan):
     assert {(r.inputs["scope"], r.inputs["principalId"]) for r in resize} == {
         (scope, principal) for scope in set_ids for principal in api_principals
     }
-    # Only the two roles exist, and none is assigned on a resource group or wider.
-    assert {r.inputs["roleDefinitionId"] for r in roles} == {VM_CONTRIBUTOR, SECRETS_USER}
+    # Only these roles exist (and the etcd members' snapshot writer role, on the snapshot
+    # container), and none is assigned on a resource group or wider.
+    snapshot_writer = "/mock/azure-native:authorization:RoleDefinition/jaguar-etcd-snapshot-writer"
+    assert {r.inputs["roleDefinitionId"] for r in roles} == {VM_CONTRIBUTOR, SECRETS_USER, snapshot_writer}
+    writers = [r for r in roles if r.inputs["roleDefinitionId"] == snapshot_writer]
+    assert {r.inputs["principalId"] for r in writers} == {f"principal-{m.name}" for m in jaguar.ctx.layout.etcd_members}
+    assert {r.inputs["scope"] for r in writers} == {"/mock/azure-native:storage:BlobContainer/jaguar-etcd-snapshots-container"}
     assert not [r for r in roles if "/resourceGroups/" in r.inputs["scope"] and "/providers/" not in r.inputs["scope"]]
     for r in roles:
         assert re.fullmatch(r"[0-9a-f-]{36}", r.inputs["roleAssignmentName"])

@@ -786,7 +786,7 @@ def test_the_core_plan_of_ibis():
     components = {r["name"]: r["type"] for r in resources if r["type"].startswith("corral:gcp:")}
     assert set(components.values()) == {
         "corral:gcp:Network", "corral:gcp:Etcd", "corral:gcp:ApiServers", "corral:gcp:NodePools",
-        "corral:gcp:SecretStore",
+        "corral:gcp:SecretStore", "corral:gcp:SnapshotBucket",
     }
     # Warnings belong to each run: a second plan in the same process has them too.
     assert any("corral:nodeImage is not set" in d for d in result.diagnostics)

@@ -13,10 +13,11 @@ device name, VPN ASN) are listed in `common.py`.
 """
 
 from .apiservers import ApiServers
+from .backup import SnapshotBucket
 from .etcd import Etcd
 from .hybrid import HybridLink
 from .network import Network
 from .nodepools import NodePools
 from .secrets import SecretStore
 
-__all__ = ["ApiServers", "Etcd", "HybridLink", "Network", "NodePools", "SecretStore"]
+__all__ = ["ApiServers", "Etcd", "HybridLink", "Network", "NodePools", "SecretStore", "SnapshotBucket"]
