@@ -2,7 +2,7 @@
 
 import typer
 
-from . import certs, diff, edit, fleet, infra, manifests, nodes, upgrade, usage
+from . import certs, diff, edit, etcd, fleet, infra, manifests, nodes, upgrade, usage
 
 app = typer.Typer(
     name="corral",
@@ -20,6 +20,7 @@ manifests.register(app)
 upgrade.register(app)
 certs.register(app)
 usage.register(app)
+etcd.register(app)
 
 
 def main() -> None:

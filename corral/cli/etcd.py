@@ -1,0 +1,171 @@
+"""`corral etcd status|snapshot|restore|replace`: the etcd lifecycle from the operator's seat (docs/etcd.md).
+
+Every command drives etcdctl (corral/etcd/client.py) against the cluster's
+member addresses from its layout, with the client certificate given by
+--cacert/--cert/--key (env CORRAL_ETCD_CACERT, CORRAL_ETCD_CERT, CORRAL_ETCD_KEY).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cluster_or_exit, fail, out
+
+app = typer.Typer(help="etcd: status, snapshots, restore, member replacement (docs/etcd.md).", no_args_is_help=True)
+
+CaOption = Annotated[Optional[Path], typer.Option(envvar="CORRAL_ETCD_CACERT", help="etcd CA certificate.")]
+CertOption = Annotated[Optional[Path], typer.Option(envvar="CORRAL_ETCD_CERT", help="etcd client certificate.")]
+KeyOption = Annotated[Optional[Path], typer.Option(envvar="CORRAL_ETCD_KEY", help="etcd client key.")]
+EndpointsOption = Annotated[Optional[str], typer.Option(
+    help="Comma-separated client URLs; default: the members' addresses from the cluster's layout.")]
+EventsOption = Annotated[bool, typer.Option("--events", help="The dedicated events etcd cluster.")]
+
+
+def _members(cluster, events: bool):
+    from corral.model.layout import layout
+
+    lay = layout(cluster)
+    members = lay.events_members if events else lay.etcd_members
+    if not members:
+        fail(f"cluster {cluster.name} has no dedicated events etcd cluster (controlPlane.etcd.dedicatedEventsCluster)")
+    return members
+
+
+def _ctl(cluster, events: bool, endpoints: Optional[str], cacert, cert, key):
+    from corral.etcd import Etcdctl, Tls
+
+    if not (cacert and cert and key):
+        fail("etcd needs a client certificate: --cacert, --cert and --key (or CORRAL_ETCD_CACERT, "
+             "CORRAL_ETCD_CERT, CORRAL_ETCD_KEY)")
+    urls = endpoints.split(",") if endpoints else [f"https://{m.ip}:2379" for m in _members(cluster, events)]
+    return Etcdctl(urls, tls=Tls(str(cacert), str(cert), str(key)))
+
+
+def _size(n: int) -> str:
+    return f"{n / 1024**2:.1f} MiB"
+
+
+@app.command()
+def status(name: ClusterArg, clusters: ClustersOption = DEFAULT_CLUSTERS, events: EventsOption = False,
+           endpoints: EndpointsOption = None, cacert: CaOption = None, cert: CertOption = None,
+           key: KeyOption = None) -> None:
+    """Members, leader, health, raft index and database size; exit 1 when the cluster is not healthy."""
+    from corral.etcd import EtcdError, cluster_status
+
+    cluster = cluster_or_exit(clusters, name)
+    try:
+        state = cluster_status(_ctl(cluster, events, endpoints, cacert, cert, key))
+    except EtcdError as error:
+        fail(str(error))
+    table = Table(title=escape(f"etcd of {name}" + (" (events)" if events else "")))
+    for column in ("member", "id", "peer URL", "role", "health", "raft index", "db size", "version"):
+        table.add_column(column)
+    for member in state.members:
+        s, h = state.status_of(member), state.health_of(member)
+        role = "leader" if s and s.is_leader else ("learner" if member.is_learner else "follower")
+        table.add_row(escape(member.name or "(not started)"), member.hex_id, escape(", ".join(member.peer_urls)),
+                      role if s else "-", "[green]healthy[/]" if h and h.healthy else "[bold red]unhealthy[/]",
+                      str(s.raft_index) if s else "-", _size(s.db_size) if s else "-", s.version if s else "-")
+    out.print(table)
+    problems = state.problems()
+    for problem in problems:
+        out.print(f"problem: {problem}", markup=False)
+    if problems:
+        raise typer.Exit(1)
+    out.print(f"{len(state.members)} members, healthy, leader {state.leader.name}", markup=False)
+
+
+@app.command()
+def snapshot(name: ClusterArg, output: Annotated[Path, typer.Option("--out", help="Snapshot file to write.",
+                                                                      dir_okay=False)],
+             clusters: ClustersOption = DEFAULT_CLUSTERS, events: EventsOption = False,
+             endpoints: EndpointsOption = None, cacert: CaOption = None, cert: CertOption = None,
+             key: KeyOption = None) -> None:
+    """Take a snapshot now (from the leader) and verify it, as the scheduled job does."""
+    from corral.etcd import EtcdError, cluster_status
+
+    cluster = cluster_or_exit(clusters, name)
+    ctl = _ctl(cluster, events, endpoints, cacert, cert, key)
+    partial = output.with_name(output.name + ".part")
+    try:
+        leader = cluster_status(ctl).leader
+        endpoint = leader.client_urls[0] if leader and leader.client_urls else None
+        ctl.snapshot_save(str(partial), endpoint)
+        result = ctl.snapshot_status(str(partial))
+    except EtcdError as error:
+        partial.unlink(missing_ok=True)
+        fail(str(error))
+    partial.replace(output)  # only a verified snapshot gets the name
+    out.print(f"{output}: revision {result.revision}, {result.total_keys} keys, {_size(result.total_size)}",
+              markup=False)
+
+
+@app.command()
+def restore(name: ClusterArg, snapshot_file: Annotated[Path, typer.Argument(
+                help="Snapshot file (from the bucket or `corral etcd snapshot`).", exists=True, dir_okay=False)],
+            member: Annotated[str, typer.Option(help="This member's name (e.g. jaguar-etcd-0).")],
+            data_dir: Annotated[Path, typer.Option(help="Where the restored data dir goes (must not exist).")],
+            clusters: ClustersOption = DEFAULT_CLUSTERS, events: EventsOption = False) -> None:
+    """Restore a snapshot into a new data dir for one member. Run it on EVERY member (same file),
+    with etcd stopped, then move the data dir in place and start all members (docs/etcd.md)."""
+    from corral.etcd import EtcdError, Etcdctl
+    from corral.infra.bootstrap import etcd_cluster_token
+
+    cluster = cluster_or_exit(clusters, name)
+    members = _members(cluster, events)
+    this = next((m for m in members if m.name == member), None)
+    if this is None:
+        fail(f"{member} is not a member of {name}'s etcd ({', '.join(m.name for m in members)})")
+    if data_dir.exists():
+        fail(f"{data_dir} exists: restore into a new directory, then move it in place")
+    ctl = Etcdctl([])
+    try:
+        ctl.snapshot_status(str(snapshot_file))
+        ctl.snapshot_restore(
+            str(snapshot_file), name=member,
+            initial_cluster=",".join(f"{m.name}=https://{m.ip}:2380" for m in members),
+            cluster_token=etcd_cluster_token(cluster, events), peer_url=f"https://{this.ip}:2380",
+            data_dir=str(data_dir),
+        )
+    except EtcdError as error:
+        fail(str(error))
+    out.print(f"restored {snapshot_file} for {member} into {data_dir}", markup=False)
+
+
+@app.command()
+def replace(name: ClusterArg, member: Annotated[str, typer.Argument(help="Member to replace (e.g. jaguar-etcd-1).")],
+            clusters: ClustersOption = DEFAULT_CLUSTERS, events: EventsOption = False,
+            endpoints: EndpointsOption = None, cacert: CaOption = None, cert: CertOption = None,
+            key: KeyOption = None,
+            timeout: Annotated[int, typer.Option(help="Seconds to wait for the new member.")] = 1800) -> None:
+    """Replace one member whose machine or disk is replaced: health gate, leadership moved away,
+    `member remove`, `member add` (same name and address), then wait until the new machine's etcd
+    has joined and caught up. One member at a time; the others must be healthy."""
+    from corral.etcd import EtcdError, replace_member
+
+    cluster = cluster_or_exit(clusters, name)
+    this = next((m for m in _members(cluster, events) if m.name == member), None)
+    if this is None:
+        fail(f"{member} is not a member of {name}'s etcd")
+    ctl = _ctl(cluster, events, endpoints, cacert, cert, key)
+
+    def start_member(member_name: str, initial_cluster: str) -> None:
+        out.print(f"{member_name} is added. Now replace its machine (or disk); its etcd must start with an "
+                  f"empty data dir and\n  initial-cluster-state: existing\n  initial-cluster: {initial_cluster}\n"
+                  f"in /etc/etcd/etcd.conf.yaml. Waiting up to {timeout} s for it to join...", markup=False)
+
+    try:
+        change = replace_member(ctl, member, f"https://{this.ip}:2380", start_member, timeout)
+    except EtcdError as error:
+        fail(str(error))
+    steps = ", ".join(f"{step} {seconds:.1f} s" for step, seconds in change.steps)
+    out.print(f"{member} replaced in {change.seconds:.0f} s ({steps})", markup=False)
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="etcd")
