@@ -211,6 +211,7 @@ def classify(old_plan: list[dict[str, Any]] | None, new_plan: list[dict[str, Any
             if resource.get("retain_on_delete") or resource.get("retainOnDelete"):
                 result[-1].notes.append("retain_on_delete: Pulumi forgets it, the cloud keeps it")
     _mark_dangers(result, old_by, new_by)
+    _explain_etcd_membership(result, old_by)
     order = {a: i for i, a in enumerate((DELETE, REPLACE, UPDATE, CREATE))}
     result.sort(key=lambda c: (c.danger is None, order[c.action], c.type, c.name))
     return result
@@ -248,6 +249,43 @@ def _mark_dangers(changes: list[ResourceChange], old_by: dict, new_by: dict) -> 
                     f"{group} restart in one `pulumi up` (updates run in parallel) and etcd survives "
                     f"only {tolerated} down; roll them one at a time (`pulumi up --target <urn>`)."
                 )
+
+
+# How an etcd machine, disk or membership change is carried out (docs/etcd.md).
+ETCD_REPLACE_PROCEDURE = (
+    "etcd: one member at a time: `corral etcd replace CLUSTER {member}` (health gate, leadership moved "
+    "away, member remove + add), then `pulumi up --target` this member only; the new machine starts "
+    "with initial-cluster-state existing; `corral etcd status` healthy before the next (docs/etcd.md)"
+)
+ETCD_ADD_PROCEDURE = (
+    "etcd: a new member: `pulumi up --target` one new member at a time after `etcdctl member add`; "
+    "it starts with initial-cluster-state existing; `corral etcd status` healthy before the next (docs/etcd.md)"
+)
+ETCD_REMOVE_PROCEDURE = (
+    "etcd: remove the member from the membership first (`etcdctl member remove`), one at a time, "
+    "`corral etcd status` healthy between removals (docs/etcd.md)"
+)
+
+
+def _etcd_member_name(change: ResourceChange) -> str:
+    """`heron-etcd-1` of `heron-etcd-1` or of its disk `heron-etcd-1-data`."""
+    return re.sub(r"-data$", "", change.name)
+
+
+def _explain_etcd_membership(changes: list[ResourceChange], old_by: dict) -> None:
+    """Replacing an etcd machine or data disk, adding or removing a member: say how it is done safely."""
+    old_groups = {_etcd_group(name) for (kind, name), r in old_by.items()
+                  if kind in MACHINES and stateful_reason(r) == "etcd member"}
+    for change in changes:
+        if change.stateful not in ("etcd member", "etcd data disk"):
+            continue
+        member = _etcd_member_name(change)
+        if change.action == REPLACE:
+            change.notes.append(ETCD_REPLACE_PROCEDURE.format(member=member))
+        elif change.action == CREATE and change.stateful == "etcd member" and _etcd_group(member) in old_groups:
+            change.notes.append(ETCD_ADD_PROCEDURE)
+        elif change.action == DELETE and change.stateful == "etcd member":
+            change.notes.append(ETCD_REMOVE_PROCEDURE)
 
 
 def counts(changes: list[ResourceChange]) -> dict[str, int]:
