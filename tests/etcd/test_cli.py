@@ -15,15 +15,6 @@ pytestmark = pytest.mark.skipif(not etcd_installed(), reason="etcd not installed
 CLUSTERS = str(Path(__file__).resolve().parents[2] / "clusters")
 
 
-@pytest.fixture
-def local3(tmp_path):
-    cluster = LocalCluster(tmp_path).boot(["m0", "m1", "m2"])
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-
-
 def tls_args(cluster: LocalCluster) -> list[str]:
     t = cluster.client_tls
     endpoints = ",".join(m.client_url for m in cluster.members.values())

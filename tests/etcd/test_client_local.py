@@ -17,15 +17,6 @@ from .local import LocalCluster, etcd_installed
 pytestmark = pytest.mark.skipif(not etcd_installed(), reason="etcd not installed (apt-get install etcd-server etcd-client)")
 
 
-@pytest.fixture
-def local3(tmp_path):
-    cluster = LocalCluster(tmp_path).boot(["m0", "m1", "m2"])
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-
-
 def put(ctl, key: str, value: str) -> None:
     ctl._exec(ctl.command("put", key, value, json_output=False), 15)
 
