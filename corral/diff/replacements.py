@@ -51,6 +51,17 @@ def _grow_only(prop: str) -> Callable[[str, object, object], tuple[str, str] | N
     return check
 
 
+def _statefulset_volumes(path: str, old: object, new: object) -> tuple[str, str] | None:
+    """A StatefulSet's volumeClaimTemplates are immutable: the API server refuses
+    the apply (kubernetes.io/docs/concepts/workloads/controllers/statefulset/
+    #volume-claim-templates), so the change needs the manual steps first."""
+    if path.startswith("objs.spec.volumeClaimTemplates"):
+        return REPLACE, ("a StatefulSet's volumeClaimTemplates cannot change in place (the API server refuses "
+                         "the apply): resize its PVCs and delete the StatefulSet with --cascade=orphan before "
+                         "deploying (docs/monitoring.md)")
+    return None
+
+
 _AWS = "https://www.pulumi.com/registry/packages/aws/api-docs/"
 _AZ = "https://www.pulumi.com/registry/packages/azure-native/api-docs/"
 _GCP = "https://www.pulumi.com/registry/packages/gcp/api-docs/"
@@ -365,6 +376,7 @@ RULES: dict[str, Rule] = {
     "kubernetes:yaml:ConfigGroup": Rule(
         source="https://www.pulumi.com/registry/packages/kubernetes/api-docs/yaml/v2/configgroup/",
         in_place={"objs": "server-side apply of the changed objects"},
+        special=_statefulset_volumes,
     ),
     "kubernetes:core:ConfigMap": Rule(
         source="https://www.pulumi.com/registry/packages/kubernetes/api-docs/core/v1/configmap/",

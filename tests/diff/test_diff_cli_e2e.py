@@ -52,6 +52,9 @@ def test_one_pool_change_updates_its_group_and_the_autoscaler(repo):
     done = corral("diff", "--clusters", str(repo), cwd=repo.parent)
     assert done.returncode == 0, done.stderr
     assert "pool gpu-a10g resized: 0-80 → 0-120 nodes" in done.stdout
-    assert "plan: 2 to update" in done.stdout
+    # The monitoring add-on is sized from the capacity: 460 nodes need bigger
+    # Prometheus volumes, which a StatefulSet cannot take in place.
+    assert "plan: 2 to update, 1 to replace" in done.stdout
+    assert "volumeClaimTemplates[0].spec.resources.requests.storage: 256Gi → 512Gi (replace)" in done.stdout
     assert "~ aws:autoscaling:Group heron-gpu-a10g: maxSize: 80 → 120 (update)" in done.stdout
     assert "~ kubernetes:yaml:ConfigGroup heron-addons-cluster-autoscaler" in done.stdout

@@ -124,6 +124,14 @@ def test_etcd_disk_type(plans, name):
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_pool_resize_touches_only_the_group_and_the_autoscaler(plans, name):
     found = changes(plans, name, "pool")
+    # The monitoring add-on is sized from the cluster's capacity in steps: a
+    # resize that crosses one resizes Prometheus, and a bigger volume is flagged
+    # (a StatefulSet's volumeClaimTemplates cannot change in place).
+    monitoring = [c for c in found if c.name == f"{name}-addons-monitoring"]
+    for change in monitoring:
+        volumes = [e for e in change.changes if "volumeClaimTemplates" in e.path]
+        assert all(e.effect == "replace" for e in volumes)
+    found = [c for c in found if c not in monitoring]
     # The cluster-autoscaler add-on carries every pool's bounds (--nodes).
     autoscaler = [c for c in found if c.type == "kubernetes:yaml:ConfigGroup"]
     assert [c.name for c in autoscaler] == [f"{name}-addons-cluster-autoscaler"]
