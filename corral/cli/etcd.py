@@ -155,9 +155,10 @@ def replace(name: ClusterArg, member: Annotated[str, typer.Argument(help="Member
     ctl = _ctl(cluster, events, endpoints, cacert, cert, key)
 
     def start_member(member_name: str, initial_cluster: str) -> None:
-        out.print(f"{member_name} is added. Now replace its machine (or disk); its etcd must start with an "
-                  f"empty data dir and\n  initial-cluster-state: existing\n  initial-cluster: {initial_cluster}\n"
-                  f"in /etc/etcd/etcd.conf.yaml. Waiting up to {timeout} s for it to join...", markup=False)
+        out.print(f"{member_name} is added. Now replace its machine (or disk), e.g. `pulumi up --replace <urn>` "
+                  f"(docs/etcd.md); on an empty data dir its join-state check starts etcd with "
+                  f"initial-cluster-state existing and\n  initial-cluster: {initial_cluster}\n"
+                  f"Waiting up to {timeout} s for it to join...", markup=False)
 
     try:
         change = replace_member(ctl, member, f"https://{this.ip}:2380", start_member, timeout)

@@ -223,7 +223,10 @@ def test_replace_member_while_writing_loses_no_write(etcd):
         # The old machine is gone (its disk with it); the new one joins the running cluster.
         old.run("systemctl stop etcd", check=False)
         etcd.lab.remove_host(old.host)
-        etcd.configure(new, list(etcd.members.values()), state="existing", initial_cluster=initial_cluster)
+        # Rendered as the cloud renders it (first-boot `new`, the layout's members):
+        # the drop-in's join-state check finds the cluster and switches to `existing`.
+        others = [m for n, m in etcd.members.items() if n != "etcd-1"]
+        etcd.configure(new, [*others, new])
         etcd.members["etcd-1"] = new
         new.run("systemctl start --no-block etcd")
 
@@ -238,6 +241,9 @@ def test_replace_member_while_writing_loses_no_write(etcd):
     assert sorted(m.name for m in status.members) == ["etcd-0", "etcd-1", "etcd-2"]
     assert any(new.ip in url for m in status.members for url in m.peer_urls)
     assert change.seconds < 120
+    config = new.run("cat /etc/etcd/etcd.conf.yaml").stdout
+    assert "initial-cluster-state: existing" in config
+    assert "corral etcd join: etcd-1 joins the running cluster" in new.run("journalctl -u etcd -o cat").stdout
 
 
 def test_grow_three_to_five_one_at_a_time_while_writing(etcd):
@@ -247,7 +253,7 @@ def test_grow_three_to_five_one_at_a_time_while_writing(etcd):
     def start(eh):
         def start_member(name: str, initial_cluster: str) -> None:
             sizes.append(len(cluster_status(etcd.ctl()).members))
-            etcd.configure(eh, list(etcd.members.values()) + [eh], state="existing", initial_cluster=initial_cluster)
+            etcd.configure(eh, list(etcd.members.values()) + [eh])  # `new`: the join-state check switches it
             etcd.start([eh])
         return start_member
 
@@ -257,5 +263,7 @@ def test_grow_three_to_five_one_at_a_time_while_writing(etcd):
     # One at a time: the second was added only after the first had started (4 members, all started).
     assert sizes == [4, 5]
     assert writer.lost(etcd.ctl()) == set()
+    for eh in new_hosts:
+        assert "initial-cluster-state: existing" in eh.run("cat /etc/etcd/etcd.conf.yaml").stdout
     status = cluster_status(etcd.ctl())
     assert len(status.members) == 5 and status.problems() == []

@@ -131,3 +131,13 @@ def test_bucket_components_are_versioned_expire_and_grant_members_create_only():
     actions = management_policy("etcd-snapshots", 30)["rules"][0]["definition"]["actions"]
     assert actions["base_blob"]["delete"] == {"days_after_modification_greater_than": 30}
     assert actions["version"]["delete"] == {"days_after_creation_greater_than": 30}
+
+
+def test_member_files_carry_the_join_check_before_the_probe():
+    from corral.etcd.machine import JOIN_PATH, PREFLIGHT_DROP_IN, PROBE_PATH, member_files
+
+    files = {f.path: f for f in member_files(cluster("heron"))}
+    drop_in = files[PREFLIGHT_DROP_IN].content
+    assert drop_in.index(JOIN_PATH) < drop_in.index(PROBE_PATH)
+    assert f"{JOIN_PATH} /etc/etcd/etcd.conf.yaml /var/lib/etcd" in drop_in
+    assert files[JOIN_PATH].mode == files[PROBE_PATH].mode == "0755"
