@@ -15,8 +15,10 @@ bootstrap a cluster of its own. So, when the data dir holds no `member/`:
   (after `corral etcd replace` / `member add`): rewrite the file to
   `initial-cluster-state: existing` with the cluster's current
   `initial-cluster`;
-- a running cluster does not list it, or lists it as started (its data was
-  lost): refuse (exit 1). systemd retries (Restart=always) until an operator
+- a running cluster lists it by name but not started: a member of the
+  first bootstrap booting later than the others; leave the file as it is;
+- a running cluster does not list it, or lists it as started (client URLs
+  published: its data was lost): refuse (exit 1). systemd retries (Restart=always) until an operator
   runs `corral etcd replace`; etcd never starts a second cluster.
 """
 
@@ -78,16 +80,26 @@ def main(argv: list[str]) -> int:
         print(f"corral etcd join: the running cluster does not list {name} ({my_peer}); add it first "
               f"(corral etcd replace / member add)", file=sys.stderr)
         return 1
-    if me[0].get("name"):
+    # A member that has run publishes its client URLs. A member of the
+    # cluster's static bootstrap (initial-cluster) that has not started yet is
+    # listed with its name and no client URLs: a staggered first boot, which
+    # joins as configured. One added by `member add` has neither.
+    if me[0].get("clientURLs"):
         print(f"corral etcd join: {name} is a started member but its data dir is empty (data lost?); "
               f"replace it: corral etcd replace CLUSTER {name}", file=sys.stderr)
         return 1
+    if me[0].get("name"):
+        print(f"corral etcd join: {name} is a member of the cluster's first bootstrap, not started yet; "
+              "it starts as configured")
+        return 0
     initial = ",".join(f"{m.get('name') or name}={url}" for m in members for url in m.get("peerURLs", []))
     text = re.sub(r"^initial-cluster-state:.*$", "initial-cluster-state: existing", text, flags=re.M)
     text = re.sub(r"^initial-cluster:.*$", lambda _: f"initial-cluster: {json.dumps(initial)}", text, flags=re.M)
     with open(config_path + ".tmp", "w") as out:
         out.write(text)
-    os.chmod(config_path + ".tmp", os.stat(config_path).st_mode & 0o777)
+    before = os.stat(config_path)
+    os.chmod(config_path + ".tmp", before.st_mode & 0o777)
+    os.chown(config_path + ".tmp", before.st_uid, before.st_gid)
     os.replace(config_path + ".tmp", config_path)
     print(f"corral etcd join: {name} joins the running cluster (initial-cluster-state: existing, {initial})")
     return 0

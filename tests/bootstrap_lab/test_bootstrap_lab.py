@@ -229,7 +229,11 @@ def wait_healthy(member: Member, targets: list[Member], timeout: float = 90) -> 
     deadline = time.monotonic() + timeout
     while healthy(member, targets) != sorted(endpoints(targets)):
         if time.monotonic() > deadline:
-            raise AssertionError(f"etcd endpoints not healthy after {timeout:.0f}s: {healthy(member, targets)} of {endpoints(targets)}")
+            up = healthy(member, targets)
+            journals = {t.name: t.sh("journalctl -u etcd --no-pager -n 25", check=False)
+                        for t in targets if endpoints([t])[0] not in up}
+            raise AssertionError(f"etcd endpoints not healthy after {timeout:.0f}s: {up} of {endpoints(targets)}; "
+                                 f"journals of the others: {journals}")
         time.sleep(2)
 
 

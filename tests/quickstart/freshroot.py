@@ -129,6 +129,9 @@ class FreshRoot:
         cmd = ["systemd-nspawn", "--quiet", "--register=no", "--keep-unit",
                f"--directory={self.path}", f"--user={user}", f"--chdir={cwd}",
                f"--setenv=HOME={home}", "--setenv=LANG=C.UTF-8", "--resolv-conf=copy-host",
+               # nspawn mounts a small tmpfs on /tmp: tests' temporary files
+               # (Prometheus blocks, etcd data dirs) go to the root's disk.
+               "--setenv=TMPDIR=/var/tmp",
                "--", *argv]
         t0 = time.monotonic()
         sink = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115
