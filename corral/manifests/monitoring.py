@@ -220,6 +220,8 @@ APISERVER_KEEP = (
     "apiserver_current_inflight_requests", "apiserver_flowcontrol_rejected_requests_total",
     "apiserver_storage_objects", "etcd_request_duration_seconds_(bucket|sum|count)", "etcd_db_total_size_in_bytes",
     "apiserver_storage_size_bytes", "process_resident_memory_bytes", "process_cpu_seconds_total", "up",
+    # Certificates clients present: ClientCertificateExpiringSoon (corral/certs/rules.py).
+    "apiserver_client_certificate_expiration_seconds_bucket",
 )
 # Raw series the global Prometheus federates from the shards: the recorded
 # aggregates (level `node:` / `namespace:`), and the GPU fault counters the
@@ -516,6 +518,17 @@ def global_rule_groups(gpu: bool) -> list[dict]:
     return groups
 
 
+def control_plane_rule_groups(cluster: Cluster) -> list[dict]:
+    """Alerts about the control plane outside Kubernetes, on the global Prometheus:
+    etcd snapshot age (corral/etcd/snapshot.py) and certificate expiry
+    (corral/certs/rules.py), both promtool-tested where they are defined.
+    docs/etcd.md says which of their series are scraped today."""
+    from corral.certs.rules import rule_groups as certificate_rule_groups
+    from corral.etcd.snapshot import alert_rules as etcd_snapshot_rules
+
+    return [etcd_snapshot_rules(cluster), *certificate_rule_groups()]
+
+
 def prometheus_rules(groups: list[dict]) -> str:
     return dump_yaml({"groups": groups})
 
@@ -547,7 +560,7 @@ def config_files(cluster: Cluster, gpu: bool) -> dict[str, str]:
     shards = shard_count(cluster)
     files = {
         "prometheus.yml": global_config(cluster, shards),
-        "corral-rules.yml": prometheus_rules(global_rule_groups(gpu)),
+        "corral-rules.yml": prometheus_rules(global_rule_groups(gpu) + control_plane_rule_groups(cluster)),
         "corral-shard-rules.yml": prometheus_rules(shard_rule_groups(gpu)),
     }
     for i in range(shards):

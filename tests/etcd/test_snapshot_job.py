@@ -87,6 +87,25 @@ def test_snapshot_age_alert_with_promtool(tmp_path):
                 }]},
                 # b's job keeps running: not "not running".
                 {"alertname": "EtcdSnapshotJobNotRunning", "eval_time": "110m", "exp_alerts": []},
+                # The job's metrics are there: not "absent".
+                {"alertname": "EtcdSnapshotMetricsAbsent", "eval_time": "110m", "exp_alerts": []},
+            ],
+        }, {
+            # No member's metrics reach Prometheus at all: the age alerts cannot fire, this one does.
+            "interval": "1m",
+            "input_series": [{"series": 'up{job="apiserver"}', "values": "1x120"}],
+            "alert_rule_test": [
+                {"alertname": "EtcdSnapshotTooOld", "eval_time": "110m", "exp_alerts": []},
+                {"alertname": "EtcdSnapshotMetricsAbsent", "eval_time": "59m", "exp_alerts": []},
+                {"alertname": "EtcdSnapshotMetricsAbsent", "eval_time": "61m", "exp_alerts": [{
+                    "exp_labels": {"severity": "warning"},
+                    "exp_annotations": {
+                        "summary": "No etcd member's snapshot job metrics reach Prometheus: "
+                                   "snapshot age is not watched",
+                        "description": "The members write them for node_exporter's textfile collector; "
+                                       "see docs/etcd.md, Metrics and alerts.",
+                    },
+                }]},
             ],
         }],
     }
