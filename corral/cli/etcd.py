@@ -105,18 +105,94 @@ def snapshot(name: ClusterArg, output: Annotated[Path, typer.Option("--out", hel
               markup=False)
 
 
+def _restore_members(cluster, events: bool, addresses: Optional[list[str]]):
+    """The members to rebuild: the layout's, or every NAME=ADDRESS given (all of them)."""
+    from corral.etcd.restore import RestoreMember
+
+    if not addresses:
+        return [RestoreMember(m.name, m.ip) for m in _members(cluster, events)]
+    members = []
+    for item in addresses:
+        name, sep, address = item.partition("=")
+        if not (sep and name and address):
+            fail(f"--member-address {item!r}: expected NAME=ADDRESS (e.g. jaguar-etcd-0=10.0.1.10)")
+        members.append(RestoreMember(name, address))
+    if len({m.name for m in members}) != len(members):
+        fail("--member-address: a member is named twice")
+    return members
+
+
+def _restore_everywhere(cluster, events: bool, snapshot_file: Path, addresses, ssh: str, ssh_user: str,
+                        sha256: Optional[str], wipe_healthy: bool, timeout: int) -> None:
+    import shlex
+
+    from corral.etcd import EtcdError
+    from corral.etcd.restore import Ssh, restore_cluster
+    from corral.infra.bootstrap import etcd_cluster_token
+
+    members = _restore_members(cluster, events, addresses)
+    out.print(f"restoring {len(members)} members ({', '.join(m.name for m in members)}) from {snapshot_file}",
+              markup=False)
+    try:
+        result = restore_cluster(
+            members, snapshot_file, etcd_cluster_token(cluster, events), Ssh(tuple(shlex.split(ssh)), ssh_user),
+            expected_sha256=sha256, wipe_healthy=wipe_healthy, timeout=timeout,
+            progress=lambda step: out.print(f"  {step}", markup=False),
+        )
+    except EtcdError as error:
+        fail(str(error))
+    if result.already_done:
+        out.print(f"already restored from this snapshot (sha256 {result.sha256[:12]}..., cluster token "
+                  f"{result.token}) and healthy: nothing to do", markup=False)
+        return
+    for member, kept in result.kept.items():
+        out.print(f"{member}: its previous data is kept in {kept}/member (remove it when done)", markup=False)
+    steps = ", ".join(f"{step} {seconds:.1f} s" for step, seconds in result.steps)
+    out.print(f"restored: revision {result.revision}, {result.total_keys} keys, sha256 {result.sha256}, new cluster "
+              f"token {result.token}; {len(members)} members healthy, leader {result.leader}, in "
+              f"{result.seconds:.0f} s ({steps})", markup=False)
+
+
 @app.command()
 def restore(name: ClusterArg, snapshot_file: Annotated[Path, typer.Argument(
                 help="Snapshot file (from the bucket or `corral etcd snapshot`).", exists=True, dir_okay=False)],
-            member: Annotated[str, typer.Option(help="This member's name (e.g. jaguar-etcd-0).")],
-            data_dir: Annotated[Path, typer.Option(help="Where the restored data dir goes (must not exist).")],
+            all_members: Annotated[bool, typer.Option(
+                "--all", help="Rebuild the WHOLE cluster over ssh: stop etcd on every member, restore this "
+                              "snapshot on each with a new cluster token, start all, wait for health.")] = False,
+            member: Annotated[Optional[str], typer.Option(
+                help="Without --all: this member's name (e.g. jaguar-etcd-0).")] = None,
+            data_dir: Annotated[Optional[Path], typer.Option(
+                help="Without --all: where the restored data dir goes (must not exist).")] = None,
+            sha256: Annotated[Optional[str], typer.Option(
+                help="--all: the SHA-256 the file must have (the bucket object's sha256 metadata).")] = None,
+            ssh: Annotated[str, typer.Option(
+                envvar="CORRAL_ETCD_SSH", help="--all: the ssh command and its options "
+                                               "(e.g. 'ssh -i key -J bastion').")] = "ssh",
+            ssh_user: Annotated[str, typer.Option(
+                envvar="CORRAL_ETCD_SSH_USER", help="--all: ssh user; other than root, commands run "
+                                                    "through `sudo -n`.")] = "root",
+            member_address: Annotated[Optional[list[str]], typer.Option(
+                help="--all: NAME=ADDRESS of every member, instead of the cluster layout's (repeat it).")] = None,
+            wipe_healthy: Annotated[bool, typer.Option(
+                "--wipe-healthy", help="--all: restore even though the cluster is healthy (loses every write "
+                                       "since the snapshot).")] = False,
+            timeout: Annotated[int, typer.Option(
+                help="--all: seconds to wait for the restored cluster's health.")] = 300,
             clusters: ClustersOption = DEFAULT_CLUSTERS, events: EventsOption = False) -> None:
-    """Restore a snapshot into a new data dir for one member. Run it on EVERY member (same file),
-    with etcd stopped, then move the data dir in place and start all members (docs/etcd.md)."""
+    """Restore from a snapshot. With --all: rebuild the whole cluster over ssh (quorum lost;
+    docs/etcd.md). With --member/--data-dir: only a new data dir for one member, here."""
     from corral.etcd import EtcdError, Etcdctl
     from corral.infra.bootstrap import etcd_cluster_token
 
     cluster = cluster_or_exit(clusters, name)
+    if all_members:
+        if member or data_dir:
+            fail("--all rebuilds every member: --member and --data-dir are for one member's data dir")
+        _restore_everywhere(cluster, events, snapshot_file, member_address, ssh, ssh_user, sha256, wipe_healthy,
+                            timeout)
+        return
+    if not (member and data_dir):
+        fail("say what to restore: --all (the whole cluster, over ssh) or --member NAME --data-dir DIR")
     members = _members(cluster, events)
     this = next((m for m in members if m.name == member), None)
     if this is None:

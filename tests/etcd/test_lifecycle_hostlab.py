@@ -12,6 +12,7 @@ import base64
 import shutil
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +20,7 @@ from corral.etcd import EtcdError, add_member, cluster_status, replace_member
 from corral.etcd.snapshot import METRICS_FILE, SERVICE, TIMER, SnapshotJob, snapshot_files
 from corral.infra.platform import SnapshotLocation
 
-from .lab import BRIDGE, CLUSTER_TOKEN, SUBNET, EtcdLab, fake_instance_metadata, fake_object_storage
+from .lab import BRIDGE, SUBNET, EtcdLab, fake_instance_metadata, fake_object_storage, shell
 
 pytestmark = [
     pytest.mark.hostlab,
@@ -27,6 +28,7 @@ pytestmark = [
 ]
 
 BUCKET = "corral-lab-etcd-snapshots"
+CLUSTERS = str(Path(__file__).resolve().parents[2] / "clusters")
 INTERVAL_SECONDS = 15
 
 
@@ -174,43 +176,68 @@ def test_snapshots_on_a_timer_land_in_the_bucket_from_the_leader_only(etcd, stor
         m.run(f"systemctl disable -q --now {TIMER}; systemctl stop {SERVICE}", check=False)
 
 
+def restore_cli(etcd, snapshot, *extra: str):
+    """`corral etcd restore heron SNAPSHOT --all` against the lab's members (their names and addresses)."""
+    from typer.testing import CliRunner
+
+    from corral.cli import app
+
+    addresses = [arg for m in etcd.members.values() for arg in ("--member-address", f"{m.name}={m.ip}")]
+    return CliRunner().invoke(app, [
+        "etcd", "restore", "heron", str(snapshot), "--all", "--clusters", CLUSTERS, *addresses,
+        "--ssh", shell("ssh", *etcd.lab.ssh_options()), "--ssh-user", "root", "--timeout", "120", *extra])
+
+
+def cluster_id(ctl) -> int:
+    return int(ctl._call("endpoint", "status", endpoints=ctl.endpoints[:1])[0]["Status"]["header"]["cluster_id"])
+
+
 def test_restore_after_losing_two_members_and_their_data(etcd, storage, tmp_path):
     ctl = etcd.ctl()
     objects = storage.objects(BUCKET, "etcd/")
     assert objects, "needs the snapshot test's uploads"
     newest = max(objects, key=lambda o: o["LastModified"])
-    # Written after the newest snapshot: gone after the restore (what a restore loses).
-    put(ctl, "/after-snapshot", "lost")
+    local = tmp_path / "restore.db"
+    storage.s3.download_file(BUCKET, newest["Key"], str(local))
+    sha256 = storage.s3.head_object(Bucket=BUCKET, Key=newest["Key"])["Metadata"]["sha256"]
+    # A healthy cluster is never wiped without --wipe-healthy: refused, nothing stopped.
+    refused = restore_cli(etcd, local, "--sha256", sha256)
+    assert refused.exit_code == 1 and "refusing to restore: etcd is healthy" in refused.output, refused.output
+    put(ctl, "/after-snapshot", "lost")  # written after the newest snapshot: gone after the restore
+    old_cluster = cluster_id(ctl)
+    # A wrong hash (a partial download) is refused before anything is touched.
+    bad = restore_cli(etcd, local, "--sha256", "0" * 64)
+    assert bad.exit_code == 1 and "is not the expected" in bad.output
     survivors = list(etcd.members.values())
     for m in survivors[1:]:
         m.run("systemctl kill -s KILL etcd; systemctl stop etcd; rm -rf /var/lib/etcd/member")
     with pytest.raises(EtcdError):
         put(etcd.ctl(command_timeout=3), "/no-quorum", "x")
-    # Restore: every member (the survivor too) restores the same snapshot into
-    # a fresh data dir, as a NEW cluster (a new cluster ID and token).
-    for m in survivors[:1]:
-        m.run("systemctl stop etcd; rm -rf /var/lib/etcd/member")
-    initial = ",".join(f"{m.name}={m.peer_url}" for m in survivors)
-    local = tmp_path / "restore.db"
-    storage.s3.download_file(BUCKET, newest["Key"], str(local))
-    for m in survivors:
-        remote = etcd.ctl(prefix=m.host.ssh_args)
-        m.host.path("/var/tmp/restore.db").write_bytes(local.read_bytes())
-        remote.snapshot_restore("/var/tmp/restore.db", name=m.name, initial_cluster=initial,
-                                cluster_token=f"{CLUSTER_TOKEN}-restored", peer_url=m.peer_url,
-                                data_dir="/var/lib/etcd/restore")
-        m.run("mv /var/lib/etcd/restore/member /var/lib/etcd/member && rm -rf /var/lib/etcd/restore "
-              "&& chown -R etcd:etcd /var/lib/etcd")
-    for m in survivors:
-        etcd.configure(m, survivors)
-        m.run("sed -i 's/^initial-cluster-token: .*/initial-cluster-token: \"lab-etcd-restored\"/' /etc/etcd/etcd.conf.yaml")
-    etcd.start(survivors)
-    etcd.wait_healthy()
+    # The survivor still runs (without a quorum); the command stops it, restores every
+    # member from the same file with a new cluster token, and starts them all.
+    result = restore_cli(etcd, local, "--sha256", sha256)
+    assert result.exit_code == 0, result.output
+    assert "restored: revision" in result.output and "3 members healthy, leader etcd-" in result.output
+    assert f"new cluster token heron-etcd-restored-{sha256[:12]}" in result.output
+    # Only the survivor had data left: it is kept aside, not deleted.
+    assert "etcd-0: its previous data is kept in /var/lib/etcd/corral-restore/previous-" in result.output
+    assert "etcd-1: its previous data" not in result.output
     ctl = etcd.ctl()
     restored = keys(ctl, "/registry/configmaps/")
     assert len(restored) == 200
     assert keys(ctl, "/after-snapshot") == set()
     assert cluster_status(ctl).problems() == []
+    assert cluster_id(ctl) != old_cluster  # a new cluster, not the old one resurrected
+    for m in survivors:
+        assert m.run("stat -c %U:%a /var/lib/etcd/member").stdout.split() == ["etcd:700"]
+        assert m.run("ls /var/lib/etcd/corral-restore").stdout.split()[-1] == "restored.json"
+    # Idempotent: the same command again finds the cluster healthy and restored from
+    # this snapshot, and changes nothing (a write made since survives).
+    put(ctl, "/after-restore", "kept")
+    again = restore_cli(etcd, local, "--sha256", sha256)
+    assert again.exit_code == 0 and "already restored from this snapshot" in again.output, again.output
+    assert keys(etcd.ctl(), "/after-restore") == {"/after-restore"}
+    assert cluster_status(etcd.ctl()).problems() == []
 
 
 def test_replace_member_while_writing_loses_no_write(etcd):
