@@ -1,4 +1,4 @@
-"""`corral etcd status|snapshot|restore|replace`: the etcd lifecycle from the operator's seat (docs/etcd.md).
+"""`corral etcd status|snapshot|restore|replace|add|remove`: the etcd lifecycle from the operator's seat (docs/etcd.md).
 
 Every command drives etcdctl (corral/etcd/client.py) against the cluster's
 member addresses from its layout, with the client certificate given by
@@ -16,7 +16,8 @@ from rich.table import Table
 
 from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cluster_or_exit, fail, out
 
-app = typer.Typer(help="etcd: status, snapshots, restore, member replacement (docs/etcd.md).", no_args_is_help=True)
+app = typer.Typer(help="etcd: status, snapshots, restore, member replacement, growing and shrinking (docs/etcd.md).",
+                  no_args_is_help=True)
 
 CaOption = Annotated[Optional[Path], typer.Option(envvar="CORRAL_ETCD_CACERT", help="etcd CA certificate.")]
 CertOption = Annotated[Optional[Path], typer.Option(envvar="CORRAL_ETCD_CERT", help="etcd client certificate.")]
@@ -213,6 +214,15 @@ def restore(name: ClusterArg, snapshot_file: Annotated[Path, typer.Argument(
     out.print(f"restored {snapshot_file} for {member} into {data_dir}", markup=False)
 
 
+def _await_machine(what_to_do: str, timeout: int):
+    """The `start_member` step of a membership change: the operator's (or Pulumi's) part."""
+    def start_member(member_name: str, initial_cluster: str) -> None:
+        out.print(f"{member_name} is added. {what_to_do} (docs/etcd.md); on an empty data dir its join-state "
+                  f"check starts etcd with initial-cluster-state existing and\n  initial-cluster: {initial_cluster}\n"
+                  f"Waiting up to {timeout} s for it to join...", markup=False)
+    return start_member
+
+
 @app.command()
 def replace(name: ClusterArg, member: Annotated[str, typer.Argument(help="Member to replace (e.g. jaguar-etcd-1).")],
             clusters: ClustersOption = DEFAULT_CLUSTERS, events: EventsOption = False,
@@ -230,18 +240,86 @@ def replace(name: ClusterArg, member: Annotated[str, typer.Argument(help="Member
         fail(f"{member} is not a member of {name}'s etcd")
     ctl = _ctl(cluster, events, endpoints, cacert, cert, key)
 
-    def start_member(member_name: str, initial_cluster: str) -> None:
-        out.print(f"{member_name} is added. Now replace its machine (or disk), e.g. `pulumi up --replace <urn>` "
-                  f"(docs/etcd.md); on an empty data dir its join-state check starts etcd with "
-                  f"initial-cluster-state existing and\n  initial-cluster: {initial_cluster}\n"
-                  f"Waiting up to {timeout} s for it to join...", markup=False)
-
+    start_member = _await_machine("Now replace its machine (or disk), e.g. `pulumi up --replace <urn>`", timeout)
     try:
         change = replace_member(ctl, member, f"https://{this.ip}:2380", start_member, timeout)
     except EtcdError as error:
         fail(str(error))
     steps = ", ".join(f"{step} {seconds:.1f} s" for step, seconds in change.steps)
     out.print(f"{member} replaced in {change.seconds:.0f} s ({steps})", markup=False)
+
+
+@app.command()
+def add(name: ClusterArg, member: Annotated[str, typer.Argument(help="Member to add (e.g. jaguar-etcd-3).")],
+        peer_url: Annotated[Optional[str], typer.Option(
+            help="The new member's peer URL; default: its address in the cluster's layout.")] = None,
+        clusters: ClustersOption = DEFAULT_CLUSTERS, events: EventsOption = False,
+        endpoints: EndpointsOption = None, cacert: CaOption = None, cert: CertOption = None,
+        key: KeyOption = None,
+        timeout: Annotated[int, typer.Option(help="Seconds to wait for the new member.")] = 1800) -> None:
+    """Grow by ONE member: health gate, `member add`, then wait until the new machine's etcd has joined
+    and caught up. Raise controlPlane.etcd.members in the cluster file first; add members one at a time."""
+    from corral.etcd import EtcdError, add_member
+
+    cluster = cluster_or_exit(clusters, name)
+    layout_members = _members(cluster, events)
+    this = next((m for m in layout_members if m.name == member), None)
+    if this is None and not peer_url:
+        fail(f"{member} is not in {name}'s layout ({', '.join(m.name for m in layout_members)}): raise "
+             "controlPlane.etcd.members in the cluster file first (or give --peer-url)")
+    ctl = _ctl(cluster, events, endpoints, cacert, cert, key)
+    try:
+        current = len(ctl.members())
+    except EtcdError as error:
+        fail(str(error))
+    if current >= len(layout_members):
+        fail(f"{name}'s etcd already has {current} members and the cluster file says {len(layout_members)}: "
+             "raise controlPlane.etcd.members first")
+
+    start_member = _await_machine("Create its machine if it is not there yet (`pulumi up` with the new member "
+                                  "count)", timeout)
+    try:
+        change = add_member(ctl, member, peer_url or f"https://{this.ip}:2380", start_member, timeout)
+    except EtcdError as error:
+        fail(str(error))
+    _report(change, current + 1, len(layout_members))
+
+
+@app.command()
+def remove(name: ClusterArg, member: Annotated[str, typer.Argument(help="Member to remove (e.g. jaguar-etcd-4).")],
+           clusters: ClustersOption = DEFAULT_CLUSTERS, events: EventsOption = False,
+           endpoints: EndpointsOption = None, cacert: CaOption = None, cert: CertOption = None,
+           key: KeyOption = None,
+           timeout: Annotated[int, typer.Option(help="Seconds to wait for the smaller cluster's health.")] = 300,
+           ) -> None:
+    """Shrink by ONE member: every other member must be healthy (so the quorum holds), never below 3;
+    its leadership is handed over first, then `member remove`. Lower controlPlane.etcd.members first;
+    delete the machine (`pulumi up`) after."""
+    from corral.etcd import EtcdError, remove_member
+
+    cluster = cluster_or_exit(clusters, name)
+    layout_members = _members(cluster, events)
+    if any(m.name == member for m in layout_members):
+        fail(f"{member} is in {name}'s layout (controlPlane.etcd.members: {len(layout_members)}): lower it in the "
+             f"cluster file first; to replace a member's machine or disk use `corral etcd replace`")
+    ctl = _ctl(cluster, events, endpoints, cacert, cert, key)
+    try:
+        before = len(ctl.members())
+        change = remove_member(ctl, member, timeout)
+    except EtcdError as error:
+        fail(str(error))
+    _report(change, before - 1, len(layout_members))
+    out.print(f"Now delete {member}'s machine (`pulumi up`); its etcd has left the cluster.", markup=False)
+
+
+def _report(change, members: int, target: int) -> None:
+    steps = ", ".join(f"{step} {seconds:.1f} s" for step, seconds in change.steps)
+    out.print(f"{change.member}: {change.action} done in {change.seconds:.0f} s ({steps}); {members} members, "
+              f"healthy", markup=False)
+    if members != target:
+        out.print(f"The cluster file says {target}: {change.action} the next member the same way"
+                  + (" (an even count tolerates no more failures than one member fewer)." if members % 2 == 0
+                     else "."), markup=False)
 
 
 def register(root: typer.Typer) -> None:

@@ -107,22 +107,23 @@ def require_healthy(ctl: Etcdctl, ignore: frozenset[int] = frozenset(), action: 
     return status
 
 
-def wait_healthy(ctl: Etcdctl, name: str, timeout: float = DEFAULT_WAIT_SECONDS) -> ClusterStatus:
-    """Until `name` is a started, healthy, caught-up member and the whole cluster is healthy."""
+def wait_healthy(ctl: Etcdctl, name: str | None, timeout: float = DEFAULT_WAIT_SECONDS) -> ClusterStatus:
+    """Until `name` (if given) is a started, healthy, caught-up member and the whole cluster is healthy."""
     deadline = time.monotonic() + timeout
     problems: list[str] = []
     while True:
         try:
             status = cluster_status(ctl)
             problems = status.problems()
-            if not any(m.name == name for m in status.members):
+            if name is not None and not any(m.name == name for m in status.members):
                 problems.append(f"{name} is not a member yet")
             if not problems:
                 return status
         except EtcdError as err:
             problems = [str(err)]
         if time.monotonic() > deadline:
-            raise EtcdError(f"{name} did not become a healthy member within {timeout:.0f} s:\n  " + "\n  ".join(problems))
+            what = f"{name} did not become a healthy member" if name else "the cluster did not become healthy"
+            raise EtcdError(f"{what} within {timeout:.0f} s:\n  " + "\n  ".join(problems))
         time.sleep(POLL_SECONDS)
 
 
@@ -179,29 +180,56 @@ def replace_member(ctl: Etcdctl, name: str, peer_url: str, start_member: StartMe
     leadership to a healthy member first, so no election stalls writes.
     """
     change = Change("replace", name)
-    members = ctl.members()
-    old = _by_name(members, name)
-    status = change.timed("health gate", lambda: require_healthy(ctl, frozenset({old.id}), f"replace {name}"))
-    if status.leader and status.leader.id == old.id:
-        successor = next(m for m in status.members if m.id != old.id and m.started)
-        change.timed("move leader", lambda: ctl.move_leader(successor, old.client_urls[0]))
-    # Talk to the others from now on: the old member leaves.
-    others = [url for m in members if m.id != old.id for url in m.client_urls[:1]]
-    ctl.endpoints = others
-    change.timed("member remove", lambda: _reconfigure(lambda: ctl.member_remove(old)))
+    _leave(ctl, change, name)
     _, initial_cluster = change.timed("member add", lambda: _reconfigure(lambda: ctl.member_add(name, peer_url)))  # type: ignore[misc]
     change.timed("start member", lambda: start_member(name, initial_cluster))
     change.timed("wait healthy", lambda: wait_healthy(ctl, name, timeout))
     return change
 
 
+def _leave(ctl: Etcdctl, change: Change, name: str, min_members: int = 1) -> None:
+    """Member `name` leaves: gate on every OTHER member (it may be dead), hand its
+    leadership to a healthy member first, `member remove`; `ctl` then talks to the others."""
+    members = ctl.members()
+    old = _by_name(members, name)
+    if len(members) - 1 < min_members:
+        raise EtcdError(f"refusing to remove {name}: {len(members) - 1} members would be left, "
+                        f"and etcd here runs at least {min_members}")
+    status = change.timed("health gate", lambda: require_healthy(ctl, frozenset({old.id}), f"{change.action} {name}"))
+    if status.leader and status.leader.id == old.id:
+        successor = next(m for m in status.members if m.id != old.id and m.started)
+        change.timed("move leader", lambda: ctl.move_leader(successor, old.client_urls[0]))
+    # Talk to the others from now on: the old member leaves.
+    ctl.endpoints = [url for m in members if m.id != old.id for url in m.client_urls[:1]]
+    change.timed("member remove", lambda: _reconfigure(lambda: ctl.member_remove(old)))
+
+
+# The model's rule (corral/model/rules.py): 3 to 7 members, odd. One member at
+# a time passes through even counts; below 3 one failure loses the quorum.
+MIN_MEMBERS = 3
+MAX_MEMBERS = 7
+
+
+def remove_member(ctl: Etcdctl, name: str, timeout: float = DEFAULT_WAIT_SECONDS,
+                  min_members: int = MIN_MEMBERS) -> Change:
+    """Shrink by one: the others must all be healthy (so the smaller cluster keeps
+    its quorum; the member removed may be dead), never below `min_members`."""
+    change = Change("remove", name)
+    _leave(ctl, change, name, min_members)
+    change.timed("wait healthy", lambda: wait_healthy(ctl, None, timeout))
+    return change
+
+
 def add_member(ctl: Etcdctl, name: str, peer_url: str, start_member: StartMember,
-               timeout: float = DEFAULT_WAIT_SECONDS) -> Change:
+               timeout: float = DEFAULT_WAIT_SECONDS, max_members: int = MAX_MEMBERS) -> Change:
     """Add one member behind the health gate and wait until it has caught up."""
     change = Change("add", name)
     status = change.timed("health gate", lambda: require_healthy(ctl, action=f"add {name}"))
     if any(m.name == name for m in status.members):
         raise EtcdError(f"{name} is already a member")
+    if len(status.members) >= max_members:
+        raise EtcdError(f"refusing to add {name}: the cluster has {len(status.members)} members, "
+                        f"at most {max_members} here")
     _, initial_cluster = change.timed("member add", lambda: _reconfigure(lambda: ctl.member_add(name, peer_url)))  # type: ignore[misc]
     change.timed("start member", lambda: start_member(name, initial_cluster))
     change.timed("wait healthy", lambda: wait_healthy(ctl, name, timeout))

@@ -54,3 +54,53 @@ def test_without_a_client_certificate_it_says_what_is_missing(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     result = CliRunner().invoke(app, ["etcd", "status", "heron", "--clusters", CLUSTERS])
     assert result.exit_code == 1 and "--cacert, --cert and --key" in result.output
+
+
+def test_grow_and_shrink_one_member_at_a_time(local3):
+    """jaguar's file says 5 members; local3 has 3 (m0-m2, not layout names, so --peer-url)."""
+    import threading
+    import time
+
+    runner = CliRunner()
+    new = local3.member("m3")
+    ctl = local3.ctl()
+    results = {}
+    adding = threading.Thread(target=lambda: results.setdefault("add", runner.invoke(app, [
+        "etcd", "add", "jaguar", "m3", "--peer-url", new.peer_url, "--timeout", "60", "--clusters", CLUSTERS,
+        *tls_args(local3)])))
+    adding.start()
+    # The new machine comes up once `member add` has listed it (as the cloud's would, or earlier).
+    deadline = time.monotonic() + 30
+    while not any(not m.started for m in ctl.members()):
+        assert time.monotonic() < deadline, "m3 was never added"
+        time.sleep(0.2)
+    initial = ",".join(f"{m.name or 'm3'}={m.peer_urls[0]}" for m in ctl.members())
+    new.start(initial, "existing", local3.token)
+    adding.join(90)
+    result = results["add"]
+    assert result.exit_code == 0, result.output
+    assert "m3: add done" in result.output and "4 members, healthy" in result.output
+    assert "The cluster file says 5: add the next member the same way (an even count" in result.output
+
+    # m3 dies: removing a healthy member now is refused, naming the dead one ...
+    new.kill()
+    result = runner.invoke(app, ["etcd", "remove", "jaguar", "m0", "--clusters", CLUSTERS, *tls_args(local3)])
+    assert result.exit_code == 1 and "refusing to remove m0" in result.output and "m3 is unhealthy" in result.output
+    # ... removing the dead one is what the gate allows (the other three are healthy).
+    local3.members.pop("m3")
+    result = runner.invoke(app, ["etcd", "remove", "jaguar", "m3", "--clusters", CLUSTERS, *tls_args(local3)])
+    assert result.exit_code == 0, result.output
+    assert "m3: remove done" in result.output and "3 members, healthy" in result.output
+    assert sorted(m.name for m in local3.ctl().members()) == ["m0", "m1", "m2"]
+
+    # Never below 3, never a member the cluster file still lists, never beyond the file's count.
+    result = runner.invoke(app, ["etcd", "remove", "jaguar", "m2", "--clusters", CLUSTERS, *tls_args(local3)])
+    assert result.exit_code == 1 and "2 members would be left" in result.output
+    result = runner.invoke(app, ["etcd", "remove", "jaguar", "jaguar-etcd-4", "--clusters", CLUSTERS,
+                                 *tls_args(local3)])
+    assert result.exit_code == 1 and "jaguar-etcd-4 is in jaguar's layout" in result.output
+    result = runner.invoke(app, ["etcd", "add", "heron", "m9", "--peer-url", "https://127.0.0.1:1",
+                                 "--clusters", CLUSTERS, *tls_args(local3)])
+    assert result.exit_code == 1 and "already has 3 members and the cluster file says 3" in result.output
+    result = runner.invoke(app, ["etcd", "add", "jaguar", "m9", "--clusters", CLUSTERS, *tls_args(local3)])
+    assert result.exit_code == 1 and "m9 is not in jaguar's layout" in result.output

@@ -1,5 +1,6 @@
 """The etcd lifecycle on throwaway hosts: scheduled snapshots to object storage, restore after
-losing two of three members, replacing a member and growing 3 -> 5 while writes continue.
+losing two of three members (`corral etcd restore --all`), replacing a member, growing 3 -> 5 and
+shrinking 5 -> 3 (`corral etcd add|remove`) while writes continue.
 
 Real etcd 3.4 (Debian), real systemd timers, corral's own etcd.conf/etcd.service and
 snapshot templates; the object store is moto's S3 server and the instance
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.etcd import EtcdError, add_member, cluster_status, replace_member
+from corral.etcd import EtcdError, cluster_status, replace_member
 from corral.etcd.snapshot import METRICS_FILE, SERVICE, TIMER, SnapshotJob, snapshot_files
 from corral.infra.platform import SnapshotLocation
 
@@ -273,24 +274,66 @@ def test_replace_member_while_writing_loses_no_write(etcd):
     assert "corral etcd join: etcd-1 joins the running cluster" in new.run("journalctl -u etcd -o cat").stdout
 
 
+def membership_cli(etcd, *args: str):
+    """`corral etcd add|remove jaguar ...` (jaguar's file says 5 members; the lab's names are not
+    its layout's, so `add` takes --peer-url) against the lab's members with the client certificate."""
+    from typer.testing import CliRunner
+
+    from corral.cli import app
+
+    tls = etcd.client_tls
+    endpoints = ",".join(m.client_url for m in etcd.members.values())
+    return CliRunner().invoke(app, ["etcd", *args, "--clusters", CLUSTERS, "--endpoints", endpoints,
+                                    "--cacert", tls.cacert, "--cert", tls.cert, "--key", tls.key])
+
+
 def test_grow_three_to_five_one_at_a_time_while_writing(etcd):
     new_hosts = etcd.provision(["etcd-3", "etcd-4"])
-    sizes = []
-
-    def start(eh):
-        def start_member(name: str, initial_cluster: str) -> None:
-            sizes.append(len(cluster_status(etcd.ctl()).members))
-            etcd.configure(eh, list(etcd.members.values()) + [eh])  # `new`: the join-state check switches it
-            etcd.start([eh])
-        return start_member
-
+    # The new machines boot first, as `pulumi up` creates them, rendered as a first boot
+    # (`new`, the grown list): their join-state check refuses until `member add` lists
+    # them, and systemd retries.
+    grown = list(etcd.members.values()) + new_hosts
+    for eh in new_hosts:
+        etcd.configure(eh, grown)
+        eh.run("systemctl start --no-block etcd")
+    for eh in new_hosts:
+        deadline = time.monotonic() + 60
+        while "does not list" not in eh.run("journalctl -u etcd -o cat").stdout:
+            assert time.monotonic() < deadline, f"{eh.name}'s join-state check never ran"
+            time.sleep(1)
+    outputs = []
     with Writer(etcd.ctl()) as writer:
         for eh in new_hosts:
-            add_member(etcd.ctl(), eh.name, eh.peer_url, start(eh), timeout=120)
-    # One at a time: the second was added only after the first had started (4 members, all started).
-    assert sizes == [4, 5]
+            result = membership_cli(etcd, "add", "jaguar", eh.name, "--peer-url", eh.peer_url, "--timeout", "120")
+            assert result.exit_code == 0, result.output
+            outputs.append(result.output)
+            etcd.members[eh.name] = eh
+    # One at a time: the second was added only after the first had joined (4 healthy members).
+    assert "etcd-3: add done" in outputs[0] and "4 members, healthy" in outputs[0]
+    assert "The cluster file says 5: add the next member" in outputs[0]
+    assert "etcd-4: add done" in outputs[1] and "5 members, healthy" in outputs[1]
+    assert len(writer.acked) > 20
     assert writer.lost(etcd.ctl()) == set()
     for eh in new_hosts:
         assert "initial-cluster-state: existing" in eh.run("cat /etc/etcd/etcd.conf.yaml").stdout
+        assert f"corral etcd join: {eh.name} joins the running cluster" in eh.run("journalctl -u etcd -o cat").stdout
     status = cluster_status(etcd.ctl())
     assert len(status.members) == 5 and status.problems() == []
+
+
+def test_shrink_five_to_three_one_at_a_time_while_writing(etcd):
+    removed = [etcd.members["etcd-4"], etcd.members["etcd-3"]]
+    with Writer(etcd.ctl()) as writer:
+        for eh in removed:
+            result = membership_cli(etcd, "remove", "jaguar", eh.name)
+            assert result.exit_code == 0, result.output
+            assert f"{eh.name}: remove done" in result.output
+            # Its machine is deleted after it left (`pulumi up` in the cloud).
+            del etcd.members[eh.name]
+            eh.run("systemctl disable -q --now etcd", check=False)
+    assert len(writer.acked) > 20
+    assert writer.lost(etcd.ctl()) == set()
+    status = cluster_status(etcd.ctl())
+    assert sorted(m.name for m in status.members) == ["etcd-0", "etcd-1", "etcd-2"] and status.problems() == []
+    refused = membership_cli(etcd, "remove", "jaguar", "etcd-2")
+    assert refused.exit_code == 1 and "2 members would be left" in refused.output
