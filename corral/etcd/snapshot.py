@@ -29,8 +29,13 @@ METRICS_FILE = "/var/lib/node_exporter/textfile_collector/corral_etcd_snapshot.p
 # On the root disk, not etcd's data disk: a full read of the database must
 # not also compete with the WAL's fsyncs for the data disk's IOPS.
 WORK_DIR = "/var/tmp/corral-etcd-snapshot"
-# One PUT: S3 takes 5 GiB, Azure 5000 MiB; the smaller bounds both.
-MAX_UPLOAD_BYTES = 5000 * 1024**2
+# One PUT: S3 takes 5 GiB, Azure 5000 MiB; the smaller bounds both. Larger
+# snapshots go up in parts (S3 multipart, Azure blocks); Cloud Storage takes
+# one PUT of up to 5 TiB. 512 MiB parts: an 8 GiB database is 16 parts (S3
+# allows 10,000 of 5 MiB to 5 GiB; Azure blocks up to 4000 MiB), and the one
+# part on disk at a time stays small next to the snapshot itself.
+SINGLE_PUT_MAX_BYTES = 5000 * 1024**2
+PART_BYTES = 512 * 1024**2
 LOCAL_ENDPOINT = "https://127.0.0.1:2379"
 
 # The metadata service and the object store's base URL per cloud.
@@ -69,6 +74,9 @@ class SnapshotJob:
     work_dir: str = WORK_DIR
     # systemd time span for the timer: "30min"; tests use seconds ("15s").
     interval: str | None = None
+    # Tests force the multipart paths on a small file with small values.
+    single_put_max_bytes: int = SINGLE_PUT_MAX_BYTES
+    part_bytes: int = PART_BYTES
 
     @classmethod
     def of(cls, cluster: Cluster, events: bool = False) -> SnapshotJob:
@@ -88,7 +96,7 @@ def snapshot_files(job: SnapshotJob) -> list[File]:
             "etcd/etcd-snapshot.sh.j2", location=job.location, prefix=job.prefix, bucket_url=job.bucket_url,
             metadata_url=job.metadata_url, endpoint=job.endpoint, pki_dir=job.pki_dir,
             metrics_file=job.metrics_file, work_dir=job.work_dir, quota_backend_gib=job.quota_backend_gib,
-            max_upload_bytes=MAX_UPLOAD_BYTES,
+            single_put_max_bytes=job.single_put_max_bytes, part_bytes=job.part_bytes,
         ), "0755"),
         File(f"/etc/systemd/system/{SERVICE}", render(
             "etcd/etcd-snapshot.service.j2", location=job.location, script_path=SCRIPT_PATH,
