@@ -109,6 +109,7 @@ def join(
         CHECK_MODE_TOKEN, ClusterAccess, JoinError, JoinReport, ansible_dir, fresh_bootstrap_token,
         join_material, parse_ttl, prepare_runs_dir, run_join, select_hosts, shard_hosts,
     )
+    from corral.upgrade.join_drain import join_drain_variables
 
     cluster = cluster_or_exit(clusters, name)
     try:
@@ -127,16 +128,20 @@ def join(
         to_run = converge_plan.to_converge
         report, applied = JoinReport(), converge.AppliedStateCollector(to_run)
         if to_run:
+            access = None if check else ClusterAccess.resolve(name, kubeconfig, from_stack=outputs is None)
+            warn = lambda message: err.print(f"warning: {message}", markup=False)  # noqa: E731
             token_scope = nullcontext(None) if check else fresh_bootstrap_token(
-                ClusterAccess.resolve(name, kubeconfig, from_stack=outputs is None), ttl,
-                description=f"corral join {name}" + (f" --pool {pool}" if pool else ""),
-                on_warning=lambda message: err.print(f"warning: {message}", markup=False),
+                access, ttl, description=f"corral join {name}" + (f" --pool {pool}" if pool else ""),
+                on_warning=warn,
             )
+            # Serving GPU nodes whose driver changes are drained first (docs/upgrades.md).
+            drain_scope = join_drain_variables(cluster, to_run, access, ttl, runs, on_warning=warn)
             # Live redraws from the tracker's report four times a second; events
             # themselves only update counters (thousands of hosts, many events each).
             tracker_report = {}
-            with token_scope as token:
+            with token_scope as token, drain_scope as drain_variables:
                 material["corral_join_token"] = token.value if token else CHECK_MODE_TOKEN
+                material.update(drain_variables)
                 with Live(console=err, refresh_per_second=4, transient=True,
                           get_renderable=lambda: _progress_table(tracker_report["r"], title)
                           if "r" in tracker_report else Table(title=escape(title))):

@@ -305,7 +305,9 @@ def test_every_run_creates_a_fresh_token_that_expires_and_is_deleted(join_cli, f
         assert call["kubeconfig"] == str(join_cli.kubeconfig)
         # The token only ever on stdin: never in argv (visible in ps).
         assert not any(t.split(".")[1] in arg for t in tokens for arg in call["argv"])
-    assert [c["argv"][2:4] for c in fake_kubectl.calls()] == [["create", "-f"], ["delete", "secret"]] * 2
+    # (apply: the drain credential for serving GPU nodes, tests/upgrade; this fake refuses it.)
+    assert [c["argv"][2:4] for c in fake_kubectl.calls()] == [["create", "-f"], ["apply", "-f"],
+                                                              ["delete", "secret"]] * 2
 
 
 def test_the_fresh_token_is_in_no_artifact_log_or_output(join_cli, fake_kubectl):
@@ -394,7 +396,8 @@ def test_from_the_stack_the_admin_credential_lives_only_for_the_kubectl_call(joi
     # Secrets shown only where one is needed.
     assert [key for key, argv in asked.items() if "--show-secrets" in argv] == ["adminKubeconfig"]
     calls = fake_kubectl.calls()
-    assert len(calls) == 2 and all(c["kubeconfig_text"] == admin and c["kubeconfig_mode"] == 0o600 for c in calls)
+    # create and delete the token; apply: the drain credential for serving GPU nodes (refused by this fake).
+    assert len(calls) == 3 and all(c["kubeconfig_text"] == admin and c["kubeconfig_mode"] == 0o600 for c in calls)
     for call in calls:
         path = Path(call["kubeconfig"])
         assert not path.exists() and not path.parent.exists()

@@ -20,6 +20,11 @@ The runs, in order (one module-scoped lab; each test checks one run):
             (interrupted mid-host), exit 1
   resume    the failure is gone: only the GPU host is worked on, finished
   again     a second run changes nothing and cordons nothing
+  driver    the GPU pool's driver moves again and a new GPU host is added:
+            `corral join` drains the serving GPU node before its driver
+            changes and uncordons it after; the new host (not a node yet)
+            takes the fast path, nothing drained; a second join (--force: the
+            roles run everywhere) drains nothing
 """
 
 from __future__ import annotations
@@ -43,8 +48,10 @@ pytestmark = pytest.mark.hostlab
 
 GPU_HOSTS, CPU_HOSTS = joinlab.host_names(gpu=1, cpu=3, prefix="upg")
 ALL_HOSTS = sorted(GPU_HOSTS + CPU_HOSTS)
+# Booted with the others, but in no cluster file until the driver test adds it.
+LATE_GPU = joinlab.host_names(gpu=2, cpu=0, prefix="upg")[0][1]
 OLD, NEW = "1.31.4", "1.32.0"
-OLD_DRIVER, NEW_DRIVER = "550.127.05", "550.144.03"
+OLD_DRIVER, NEW_DRIVER, JOIN_DRIVER = "550.127.05", "550.144.03", "550.163.01"
 FAKE_KUBECTL = Path(__file__).with_name("fake_kubectl")
 
 
@@ -107,12 +114,13 @@ class Upgrade:
         change(state)
         self.state_path.write_text(json.dumps(state))
 
-    def run(self, label: str, *extra: str) -> subprocess.CompletedProcess:
+    def run(self, label: str, *extra: str, command: str = "upgrade",
+            clusters: Path | None = None) -> subprocess.CompletedProcess:
         before = len(self.log.read_text().splitlines()) if self.log.exists() else 0
         env = joinlab.env_with(self.setup)
         env.update({"PATH": f"{self.fake_bin}{os.pathsep}{os.environ['PATH']}",
                     "FAKE_KUBE_STATE": str(self.state_path), "FAKE_KUBECTL_LOG": str(self.log)})
-        argv = [sys.executable, "-m", "corral", "upgrade", joinlab.CLUSTER, "--clusters", str(self.clusters),
+        argv = [sys.executable, "-m", "corral", command, joinlab.CLUSTER, "--clusters", str(clusters or self.clusters),
                 "--extra-vars", str(self.extra_vars), "--runs-dir", str(self.setup.runs_dir), *extra]
         result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800)
         self.results[label] = result
@@ -157,13 +165,14 @@ def upgrade(tmp_path_factory):
     repo = None
     hosts = []
     try:
-        repo = AptRepo(lab, driver_versions=(OLD_DRIVER, NEW_DRIVER), k8s_versions=(OLD, NEW)).build().serve()
+        repo = AptRepo(lab, driver_versions=(OLD_DRIVER, NEW_DRIVER, JOIN_DRIVER),
+                       k8s_versions=(OLD, NEW)).build().serve()
         workdir = tmp_path_factory.mktemp("corral-upgrade")
-        hosts = lab.boot(ALL_HOSTS)
+        hosts = lab.boot(ALL_HOSTS + [LATE_GPU])
         setup = joinlab.prepare(lab, repo, hosts, workdir, GPU_HOSTS, CPU_HOSTS)
         join(setup)
         up = Upgrade(lab, hosts, setup, workdir)
-        up.state_path.write_text(json.dumps(initial_state(hosts)))
+        up.state_path.write_text(json.dumps(initial_state([h for h in hosts if h.name != LATE_GPU])))
         yield up
     finally:
         for host in hosts:
@@ -179,7 +188,7 @@ def upgrade(tmp_path_factory):
 @pytest.fixture(scope="module")
 def infra(upgrade):
     config = upgrade.setup.env["ANSIBLE_SSH_ARGS"].split()[1]
-    return {name: testinfra.get_host(f"ssh://{name}", ssh_config=config) for name in ALL_HOSTS}
+    return {name: testinfra.get_host(f"ssh://{name}", ssh_config=config) for name in ALL_HOSTS + [LATE_GPU]}
 
 
 def kubelet_package(infra, host: str) -> str:
@@ -287,6 +296,56 @@ def test_a_second_run_changes_nothing(upgrade):
     for row in rows:
         cells = [c.strip() for c in row.split("│")]
         assert cells[2] == "ok" and cells[4] == "0", row
+
+
+def test_join_drains_a_serving_gpu_node_for_its_driver_and_not_a_new_host(upgrade, infra):
+    """`corral join` with the GPU pool at a new driver and a new GPU host in it."""
+    text = (upgrade.clusters / f"{joinlab.CLUSTER}.yaml").read_text()
+    assert NEW_DRIVER in text and json.dumps(GPU_HOSTS) in text
+    clusters = upgrade.workdir / "clusters-driver"
+    clusters.mkdir()
+    (clusters / f"{joinlab.CLUSTER}.yaml").write_text(
+        text.replace(NEW_DRIVER, JOIN_DRIVER).replace(json.dumps(GPU_HOSTS), json.dumps(GPU_HOSTS + [LATE_GPU])))
+    # A training pod on the serving GPU node (no budget: it may be evicted).
+    upgrade.edit_state(lambda s: s["pods"].append(
+        {"name": "train-0", "namespace": "ml", "node": GPU1, "labels": {"app": "train"}}))
+    result = upgrade.run("driver", "--outputs", str(upgrade.setup.outputs), command="join", clusters=clusters)
+    assert result.returncode == 0, result.stdout + result.stderr
+    ops = upgrade.node_ops("driver")
+    # The serving node only; the new host is not a node yet: nothing to drain.
+    assert ops == [("cordon", GPU1), ("drain", GPU1), ("uncordon", GPU1)], ops
+    calls = {c["verb"]: c for c in upgrade.calls["driver"] if c.get("verb") in ("drain", "uncordon")}
+    # Drained before its driver changed, uncordoned after.
+    assert calls["drain"]["hostDriver"] == f"{NEW_DRIVER}-1", calls["drain"]
+    assert calls["uncordon"]["hostDriver"] == f"{JOIN_DRIVER}-1", calls["uncordon"]
+    # Through the runner's least-privilege token, marked as the join's cordon.
+    runner = [c for c in upgrade.calls["driver"] if c["verb"] in ("cordon", "drain", "uncordon", "annotate")
+              or c["argv"][:2] == ["get", "nodes"]]
+    assert runner and all(c.get("as") == "corral-node-runner" for c in runner), runner
+    assert [c["argv"][3] for c in runner if c["verb"] == "annotate"] == [
+        "corral.dev/cordoned-by=corral-join-driver", "corral.dev/cordoned-by-"]
+    state = upgrade.state()
+    assert next(p for p in state["pods"] if p["name"] == "train-0")["node"] not in (GPU1, None)
+    node = state["nodes"][GPU1]
+    assert not node.get("unschedulable") and not node["annotations"], node
+    # The bootstrap token and the runner token's Secret are gone: both revoked.
+    assert not state.get("secrets"), state.get("secrets")
+    for host in (GPU_HOSTS[0], LATE_GPU):
+        assert infra[host].package("nvidia-driver").version == f"{JOIN_DRIVER}-1", host
+        assert JOIN_DRIVER in infra[host].check_output("nvidia-smi"), host
+    assert infra[LATE_GPU].file("/etc/kubernetes/kubelet.conf").exists
+    # The runner's kubeconfig and token are nowhere in the artifacts.
+    tokens = [t["token"] for t in state["tokens"]]
+    assert not [p for p in upgrade.setup.runs_dir.rglob("*") if p.is_file()
+                and any(t in p.read_text(errors="ignore") for t in tokens)]
+
+    # --force: the roles run on every host again; the serving GPU node's driver
+    # is the pool's (its packages are held: dpkg says "hi"), so nothing is drained.
+    again = upgrade.run("driver-again", "--outputs", str(upgrade.setup.outputs), "--force", command="join",
+                        clusters=clusters)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert upgrade.node_ops("driver-again") == []
+    assert [c["argv"][:2] for c in upgrade.calls["driver-again"] if c.get("as")] == [["get", "nodes"]]
 
 
 def test_certs_reads_the_nodes_certificates_and_flags_one_about_to_expire(upgrade, tmp_path):

@@ -230,6 +230,57 @@ def test_runner_credential_is_short_lived_least_privileged_and_revoked(fake_api,
     assert revoked.returncode == 1 and "Unauthorized" in revoked.stderr
 
 
+# ------------------------------------------------- corral join's drain credential
+def test_join_gets_the_runner_credential_only_for_gpu_hosts_and_not_in_check_mode(fake_api, tmp_path):
+    from corral.upgrade.join_drain import RUNNER_KUBECONFIG_VAR, gpu_hosts, join_drain_variables
+
+    fake_api.write("1.31.4", {"gpu-001": "1.31.4"})
+    cluster = load_cluster(ROOT / "clusters" / "jaguar.yaml")
+    gpu = gpu_hosts(cluster, ["gpu-001.sf1.internal"])
+    assert gpu == ["gpu-001.sf1.internal"]
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    # --check (no access) and a run of CPU-only hosts: nothing is created.
+    with join_drain_variables(cluster, gpu, None, timedelta(hours=1), runs) as variables:
+        assert variables == {}
+    with join_drain_variables(cluster, ["not-a-gpu-host"], ClusterAccess(), timedelta(hours=1), runs) as variables:
+        assert variables == {}
+    assert fake_api.calls() == []
+    with join_drain_variables(cluster, gpu, ClusterAccess(), timedelta(hours=1), runs) as variables:
+        kubeconfig = Path(variables[RUNNER_KUBECONFIG_VAR])
+        assert stat.S_IMODE(kubeconfig.stat().st_mode) == 0o600
+        token = json.loads(kubeconfig.read_text())["users"][0]["user"]["token"]
+        (runs / "artifact.txt").write_text("nothing secret here\n")
+    assert not kubeconfig.exists()
+    state = fake_api.state()
+    assert [(t["token"], t["duration"]) for t in state["tokens"]] == [(token, "3600s")]
+    assert state["secrets"] == {}  # the token's bound Secret is gone: revoked
+
+
+def test_join_drain_credential_refused_warns_and_a_leaked_token_fails_the_run(fake_api, tmp_path, monkeypatch):
+    from corral.nodes.join import JoinError
+    from corral.upgrade.join_drain import join_drain_variables
+
+    fake_api.write("1.31.4", {"gpu-001": "1.31.4"})
+    cluster = load_cluster(ROOT / "clusters" / "jaguar.yaml")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    warnings = []
+    monkeypatch.setenv("FAKE_KUBECTL_DENY", "apply")
+    with join_drain_variables(cluster, ["gpu-001.sf1.internal"], ClusterAccess(), timedelta(hours=1), runs,
+                              on_warning=warnings.append) as variables:
+        assert variables == {}
+    assert len(warnings) == 1 and "no drain credential" in warnings[0] and "not drained and fail" in warnings[0]
+    monkeypatch.delenv("FAKE_KUBECTL_DENY")
+    with pytest.raises(JoinError, match="runner's token appeared in run artifacts"):
+        with join_drain_variables(cluster, ["gpu-001.sf1.internal"], ClusterAccess(), timedelta(hours=1),
+                                  runs) as variables:
+            config = json.loads(Path(variables["corral_runner_kubeconfig"]).read_text())
+            (runs / "leak.json").write_text(json.dumps(config))
+    assert not (runs / "leak.json").exists()
+    assert fake_api.state()["secrets"] == {}
+
+
 # ------------------------------------------------------------------ RBAC rules
 def _can(verb: str, resource: str, group: str = "") -> bool:
     objects = {o["kind"]: o for o in runner_rbac_objects()}
