@@ -218,6 +218,7 @@ def test_restore_after_losing_two_members_and_their_data(etcd, storage, tmp_path
     # member from the same file with a new cluster token, and starts them all.
     result = restore_cli(etcd, local, "--sha256", sha256)
     assert result.exit_code == 0, result.output
+    print(result.output)  # the step times, for docs/etcd.md's figures
     assert "restored: revision" in result.output and "3 members healthy, leader etcd-" in result.output
     assert f"new cluster token heron-etcd-restored-{sha256[:12]}" in result.output
     # Only the survivor had data left: it is kept aside, not deleted.
