@@ -8,5 +8,6 @@ they are in no state), and the certificates on the on-prem nodes (read over
 Ansible, certificate blocks only, never keys). `expiry` turns PEM into rows
 and flags those within the warning window; `rules` is the alert for the same
 window; `kubeconfig` issues short-lived operator credentials through the
-CertificateSigningRequest API. See docs/upgrades.md.
+CertificateSigningRequest API; `renew` picks the API servers whose kubeadm
+certificates are due for `corral upgrade --renew-certs`. See docs/upgrades.md.
 """

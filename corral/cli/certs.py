@@ -26,6 +26,9 @@ def certs(
         help="Also write corral_certificate_expiry_timestamp_seconds for Prometheus (textfile collector).",
         dir_okay=False)] = None,
     runs_dir: Annotated[Optional[Path], typer.Option(help="Where ansible-runner keeps artifacts.")] = None,
+    cert_endpoints: Annotated[Optional[list[str]], typer.Option(
+        "--cert-endpoint", help="Read MACHINE's (an API server's or etcd member's) certificate at HOST:PORT instead of "
+                                "its address (repeatable), e.g. through a tunnel.", metavar="MACHINE=HOST:PORT")] = None,
 ) -> None:
     """Every certificate of the cluster with its expiry; exit 1 if any expires within --warn-days.
 
@@ -57,8 +60,16 @@ def certs(
         else:
             records += from_stack_export(json.loads(result.stdout))
     if network:
+        from corral.certs.renew import RenewError, parse_endpoint_overrides
+
         lay = layout(cluster)
-        endpoints = [(m.name, m.ip, 6443) for m in lay.api_servers] + [(m.name, m.ip, 2379) for m in lay.etcd_members]
+        try:
+            moved = parse_endpoint_overrides(cert_endpoints or [], [m.name for m in (*lay.api_servers,
+                                                                                     *lay.etcd_members)])
+        except RenewError as error:
+            fail(str(error))
+        endpoints = [(m.name, *moved.get(m.name, (m.ip, 6443))) for m in lay.api_servers] + \
+            [(m.name, *moved.get(m.name, (m.ip, 2379))) for m in lay.etcd_members]
         found, unreachable = from_endpoints(endpoints)
         records += found
         problems += unreachable

@@ -51,6 +51,20 @@ def upgrade(
     etcd_cert: Annotated[Optional[Path], typer.Option(help="etcd client certificate (health gate).")] = None,
     etcd_key: Annotated[Optional[Path], typer.Option(help="etcd client key (health gate).")] = None,
     gate_timeout: Annotated[float, typer.Option(help="Seconds a health gate may take to pass.", min=1)] = 900,
+    cloud_gpu_batch: Annotated[int, typer.Option(
+        help="Cloud GPU nodes of a pool drained and replaced at once.", min=1)] = 1,
+    replacement_timeout: Annotated[float, typer.Option(
+        help="Seconds a cloud GPU batch's replacements may take to turn Ready.", min=1)] = 1800,
+    renew_certs: Annotated[bool, typer.Option(
+        "--renew-certs", help="Instead of an upgrade: renew the API servers' kubeadm certificates by replacing, "
+                              "one at a time behind the gates, the machines whose certificate is due.")] = False,
+    renew_days: Annotated[int, typer.Option(
+        help="--renew-certs: renew certificates with fewer days left.", min=1)] = 30,
+    force_renew: Annotated[bool, typer.Option(
+        "--force-renew", help="--renew-certs: replace every API server, due or not.")] = False,
+    cert_endpoints: Annotated[Optional[list[str]], typer.Option(
+        "--cert-endpoint", help="--renew-certs: read MACHINE's certificate at HOST:PORT instead of its "
+                                "address:6443 (repeatable), e.g. through a tunnel.", metavar="MACHINE=HOST:PORT")] = None,
 ) -> None:
     """Upgrade the cluster to its declared Kubernetes version (and the pools' drivers); exit 1 if any host failed.
 
@@ -67,6 +81,10 @@ def upgrade(
     from .nodes import _progress_table
 
     cluster = cluster_or_exit(clusters, name)
+    if renew_certs:
+        _renew_certs(cluster, name, kubeconfig, check, renew_days, force_renew, cert_endpoints or [], state_file,
+                     etcd_endpoints, (etcd_cacert, etcd_cert, etcd_key), gate_timeout)
+        return
     try:
         target = KubeVersion.parse(to or cluster.kubernetes.version, "--to" if to else "kubernetes.version")
         batch = parse_batch(batch)
@@ -83,14 +101,16 @@ def upgrade(
     if hosts:
         out.print("GPU hosts whose installed driver differs from their pool's are drained and upgraded in the "
                   "same batches (decided on the hosts).", markup=False)
+    gpu_pools = any(pool.gpu for pool in cluster.cloud_pools)
+    if gpu_pools and state.api_server >= target:
+        # (before the control plane has moved, replacements would boot a kubelet newer than it)
+        _roll_cloud_gpu(cluster, access, target, cloud_gpu_batch, max_fail_percentage, replacement_timeout,
+                        check=True)
     if check:
         return
     if any(step.phase == "control-plane" for step in plan.steps):
-        tls = (etcd_cacert, etcd_cert, etcd_key)
-        if any(tls) and not all(tls):
-            fail("--etcd-cacert, --etcd-cert and --etcd-key go together")
-        _roll_control_plane(cluster, target, access, state_file, etcd_endpoints, tls if all(tls) else None,
-                            gate_timeout)
+        _roll_control_plane(cluster, target, access, state_file, etcd_endpoints,
+                            _etcd_tls((etcd_cacert, etcd_cert, etcd_key)), gate_timeout)
         try:
             state = read_cluster_state(access)
             plan = build_plan(cluster, target, state, batch, hosts)
@@ -99,34 +119,133 @@ def upgrade(
         if state.api_server < target:
             fail(f"the control plane was rolled, but the API server still reports {state.api_server}: "
                  "no node is upgraded before it runs the target")
+    if gpu_pools:
+        _roll_cloud_gpu(cluster, access, target, cloud_gpu_batch, max_fail_percentage, replacement_timeout,
+                        check=False)
     if not hosts:
-        out.print("no on-prem hosts: nothing more to do here (cloud pools roll through `corral up`)", markup=False)
+        out.print("no on-prem hosts: nothing more to do here (CPU cloud pools roll through `corral up`)",
+                  markup=False)
         return
     _run_onprem(cluster, str(target), hosts, access, ttl, batch, max_fail_percentage, forks, runs_dir,
                 extra_vars or [], _progress_table)
 
 
-def _roll_control_plane(cluster, target, access, state_file, etcd_endpoints, tls, gate_timeout) -> None:
+def _roll_cloud_gpu(cluster, access, target, batch, max_fail_percentage, wait_timeout, check) -> None:
+    """The cloud GPU pools' drained replacement (corral/upgrade/cloudgpu.py); `check`: print the batches."""
+    from corral.health.kube import HealthError, Kubectl
+    from corral.upgrade.cloudgpu import (
+        check_steps, cloud_gpu_nodes, kubeconfig_path, plan_batches, require_known_instances, roll_cloud_gpu_pools,
+    )
+    from corral.upgrade.versions import UpgradeError
+
+    with kubeconfig_path(access) as kubeconfig:
+        try:
+            kubectl = Kubectl(kubeconfig)
+            nodes = cloud_gpu_nodes(cluster, kubectl.nodes())
+            if check:
+                lines = check_steps(cluster, nodes, target, batch)
+                out.print("\n".join(["cloud GPU pools (drained replacement):", *lines]) if lines
+                          else f"cloud GPU pools: every node runs {target}", markup=False)
+                return
+            require_known_instances(cluster, nodes, [n for _, names in plan_batches(nodes, target, batch)
+                                                     for n in names])
+            report = roll_cloud_gpu_pools(cluster, kubectl, target, batch, max_fail_percentage, wait_timeout,
+                                          on_step=lambda what, step: err.print(f"{what}: {step}", markup=False))
+        except (HealthError, UpgradeError) as error:
+            fail(f"cloud GPU pools: {error}")
+    for name, why in report.failed.items():
+        err.print(f"{name}: {why}", markup=False)
+    out.print(f"cloud GPU pools: {len(report.replaced)} node(s) replaced, {len(report.failed)} failed", markup=False)
+    if report.stopped or report.failed:
+        fail(f"cloud GPU pools: {report.stopped or 'some nodes failed'} (run corral upgrade again to resume)")
+
+
+def _etcd_tls(tls):
+    if any(tls) and not all(tls):
+        fail("--etcd-cacert, --etcd-cert and --etcd-key go together")
+    return tls if all(tls) else None
+
+
+def _state_file(cluster, state_file, kind: str) -> Path:
     import os
 
+    base = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state"))
+    return state_file or base / "corral" / kind / f"{cluster.name}.json"
+
+
+def _roll_control_plane(cluster, target, access, state_file, etcd_endpoints, tls, gate_timeout,
+                        only=None, what="replaced") -> int:
     from corral.etcd import Etcdctl, Tls, require_healthy
     from corral.model.layout import layout
     from corral.upgrade.controlplane import kubectl_gates, machine_urns, replace_machine, roll_control_plane
     from corral.upgrade.versions import UpgradeError
 
-    base = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state"))
-    state_file = state_file or base / "corral" / "upgrades" / f"{cluster.name}.json"
+    state_file = _state_file(cluster, state_file, "upgrades")
     endpoints = etcd_endpoints or layout(cluster).etcd_client_urls()
     ctl = Etcdctl(endpoints=endpoints, tls=Tls(*map(str, tls)) if tls else None)
     gates = kubectl_gates(access, lambda: require_healthy(ctl, action="replace an API server"), timeout=gate_timeout)
+    machines = [m.name for m in layout(cluster).api_servers if only is None or m.name in only]
     try:
-        urns = machine_urns(cluster.name, cluster.control_plane.cloud,
-                            [m.name for m in layout(cluster).api_servers])
+        urns = machine_urns(cluster.name, cluster.control_plane.cloud, machines)
         roll_control_plane(cluster, target, gates, state_file, lambda urn: replace_machine(cluster.name, urn), urns,
-                           on_step=lambda machine, step: err.print(f"{machine}: {step}", markup=False))
+                           on_step=lambda machine, step: err.print(f"{machine}: {step}", markup=False), only=only)
     except UpgradeError as error:
         fail(f"{error} (progress kept in {state_file}: run again to resume)")
-    out.print(f"control plane at {target}: {len(urns)} API servers replaced and healthy", markup=False)
+    out.print(f"control plane at {target}: {len(urns)} API servers {what} and healthy", markup=False)
+    return len(urns)
+
+
+def _renew_certs(cluster, name, kubeconfig, check, days, force, cert_endpoints, state_file, etcd_endpoints,
+                 tls, gate_timeout) -> None:
+    """`--renew-certs`: replace the API servers whose certificate is due (corral/certs/renew.py)."""
+    from corral.certs.expiry import now_utc
+    from corral.certs.renew import RenewError, choose, parse_endpoint_overrides, read_presented, unfinished
+    from corral.model.layout import layout
+    from corral.nodes.join import ClusterAccess, JoinError
+    from corral.upgrade.plan import read_cluster_state
+    from corral.upgrade.versions import KubeVersion, UpgradeError
+
+    tls = _etcd_tls(tls)
+    state_file = _state_file(cluster, state_file, "cert-renewals")
+    machines = {m.name: m.ip for m in layout(cluster).api_servers}
+    try:
+        overrides = parse_endpoint_overrides(cert_endpoints, list(machines))
+        access = ClusterAccess.resolve(name, kubeconfig, from_stack=True)
+        running = read_cluster_state(access).api_server
+        declared = KubeVersion.parse(cluster.kubernetes.version, "kubernetes.version")
+        if running != declared:
+            raise RenewError(f"the API servers run {running}, the cluster file declares {declared}: a replaced "
+                             "machine would boot the declared version; finish (or revert) that upgrade first "
+                             "(corral upgrade), then renew")
+        certs = read_presented(machines, overrides)
+        now = now_utc()
+        due = choose(certs, now, days, force, resume=unfinished(state_file))
+    except (JoinError, UpgradeError, RenewError) as error:
+        fail(str(error))
+    table = Table(title=escape(f"API server certificates of {name} (renew under {days} days)"))
+    for column in ("machine", "presented at", "expires (UTC)", "days left", "action"):
+        table.add_column(column)
+    for cert in certs:
+        expires = cert.record.not_after.strftime("%Y-%m-%d %H:%M") if cert.record else "not read"
+        left = f"{cert.record.days_left(now):.1f}" if cert.record else "-"
+        table.add_row(escape(cert.machine), escape(cert.endpoint), expires, left,
+                      "replace (new kubeadm certificates)" if cert.machine in due else "keep")
+    out.print(table)
+    if check or not due:
+        out.print(f"{len(due)} API server(s) to renew" + (" (--check: nothing changed)" if check else ""),
+                  markup=False)
+        return
+    renewed = _roll_control_plane(cluster, running, access, state_file, etcd_endpoints, tls, gate_timeout,
+                                  only=due, what="renewed")
+    # The machines replaced must present a certificate that is not due any more.
+    after = {c.machine: c for c in read_presented({m: machines[m] for m in due}, overrides)}
+    still = [m for m in due if after[m].record is None or after[m].due(now_utc(), days)]
+    if still:
+        fail(f"replaced, but still presenting a certificate due within {days} days (or none): "
+             + ", ".join(f"{m} ({after[m].endpoint})" for m in still)
+             + f"; progress in {state_file}")
+    state_file.unlink(missing_ok=True)  # done: the next renewal, a year on, starts afresh
+    out.print(f"{renewed} API server certificate set(s) renewed", markup=False)
 
 
 def _run_onprem(cluster, target, hosts, access, ttl, batch, max_fail_percentage, forks, runs_dir, extra_vars,

@@ -69,10 +69,13 @@ class Progress:
                 data = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError) as error:
                 raise UpgradeError(f"{path}: cannot read the upgrade state ({error}); move it away to start over")
+            known = data.get("machines") or {}
+            if data.get("target") != str(target) and known and all(s == DONE for s in known.values()):
+                # A finished roll to another target: nothing of it is left to resume.
+                return cls(path, str(target), {m: PENDING for m in machines})
             if data.get("target") != str(target):
                 raise UpgradeError(f"{path}: an upgrade to {data.get('target')} is under way, not to {target}; "
                                    "finish it first (or move the file away if that upgrade was abandoned)")
-            known = data.get("machines") or {}
             return cls(path, str(target), {m: known.get(m, PENDING) for m in machines})
         return cls(path, str(target), {m: PENDING for m in machines})
 
@@ -166,9 +169,14 @@ def kubectl_gates(access, etcd_check: Callable[[], None], timeout: float = 900, 
 
 def roll_control_plane(cluster: Cluster, target: KubeVersion, gates: Gates, state_file: Path,
                        replace: Callable[[str], None], urns: dict[str, str],
-                       on_step: Callable[[str, str], None] = lambda machine, step: None) -> Progress:
-    """Replace the API servers one at a time, gated; resumable from `state_file`."""
-    machines = [m.name for m in layout(cluster).api_servers]
+                       on_step: Callable[[str, str], None] = lambda machine, step: None,
+                       only: Sequence[str] | None = None) -> Progress:
+    """Replace the API servers one at a time, gated; resumable from `state_file`.
+
+    `only`: just these machines (still in layout order), e.g. those whose
+    certificates are due (corral.certs.renew).
+    """
+    machines = [m.name for m in layout(cluster).api_servers if only is None or m.name in only]
     progress = Progress.load(state_file, target, machines)
     if all(step == DONE for step in progress.machines.values()):
         return progress

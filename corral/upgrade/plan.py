@@ -124,9 +124,14 @@ def build_plan(cluster: Cluster, target: KubeVersion, state: ClusterState, batch
     else:
         check_node_target(target, state.api_server, state.kubelets)
     for pool in cluster.cloud_pools:
-        plan.steps.append(Step("cloud-pool", node_group_name(cluster, pool),
-                               f"rolling replacement by the {pool.provider} node group (new launch "
-                               f"configuration at {target}; surge, health-checked)"))
+        if pool.gpu is None:
+            plan.steps.append(Step("cloud-pool", node_group_name(cluster, pool),
+                                   f"rolling replacement by the {pool.provider} node group (new launch "
+                                   f"configuration at {target}; surge, health-checked)"))
+        else:
+            plan.steps.append(Step("cloud-gpu-pool", node_group_name(cluster, pool),
+                                   f"nodes not at {target}, a batch at a time: cordon, drain (PDBs), replace the "
+                                   "instance through the group, wait for the replacements Ready"))
     owners = inv.host_pool(cluster)
     for host in hosts if hosts is not None else list(owners):
         node = node_for_host(host, state.nodes)

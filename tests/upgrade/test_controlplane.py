@@ -62,15 +62,17 @@ def etcd(tmp_path):
         stop()
 
 
-@pytest.fixture
-def world(tmp_path, monkeypatch):
+def fake_control_plane(tmp_path: Path, running: str, boots: str) -> tuple[dict[str, str], Path]:
+    """heron's API servers behind the fake pulumi and kubectl: (environment, the fake API's state file).
+
+    The machines run `running`; a replaced one boots `boots`."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for tool in ("kubectl", "pulumi"):
         (bin_dir / tool).symlink_to(HERE / f"fake_{tool}")
     kube_state = tmp_path / "kube.json"
-    kube_state.write_text(json.dumps({"serverVersion": f"v{OLD}", "nodes": {
-        m: {"kubeletVersion": f"v{OLD}", "annotations": {}} for m in MACHINES}, "pods": [], "pdbs": []}))
+    kube_state.write_text(json.dumps({"serverVersion": f"v{running}", "nodes": {
+        m: {"kubeletVersion": f"v{running}", "annotations": {}} for m in MACHINES}, "pods": [], "pdbs": []}))
     export = tmp_path / "export.json"
     export.write_text(json.dumps({"deployment": {"resources": [
         {"urn": f"urn:pulumi:heron::corral::corral:aws:ApiServers$aws:ec2/instance:Instance::{m}",
@@ -82,7 +84,20 @@ def world(tmp_path, monkeypatch):
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", KUBECONFIG=str(kubeconfig),
                FAKE_KUBE_STATE=str(kube_state), FAKE_KUBECTL_LOG=str(tmp_path / "kubectl.jsonl"),
                FAKE_PULUMI_EXPORT=str(export), FAKE_PULUMI_LOG=str(tmp_path / "pulumi.jsonl"),
-               FAKE_PULUMI_BOOTS_VERSION=NEW, COLUMNS="200", ETCDCTL_API="3")
+               FAKE_PULUMI_BOOTS_VERSION=boots, COLUMNS="200", ETCDCTL_API="3")
+    return env, kube_state
+
+
+def replaced_machines(tmp_path: Path) -> list[str]:
+    """The machines the fake pulumi replaced, in order."""
+    log = tmp_path / "pulumi.jsonl"
+    calls = [json.loads(line)["argv"] for line in log.read_text().splitlines()] if log.exists() else []
+    return [a[a.index("--replace") + 1].rsplit("::", 1)[-1] for a in calls if "--replace" in a]
+
+
+@pytest.fixture
+def world(tmp_path, monkeypatch):
+    env, kube_state = fake_control_plane(tmp_path, OLD, NEW)
 
     class World:
         state_file = tmp_path / "state" / "heron.json"
@@ -94,9 +109,7 @@ def world(tmp_path, monkeypatch):
                 env=env | extra_env, capture_output=True, text=True, timeout=300)
 
         def replaced(self) -> list[str]:
-            log = tmp_path / "pulumi.jsonl"
-            calls = [json.loads(line)["argv"] for line in log.read_text().splitlines()] if log.exists() else []
-            return [a[a.index("--replace") + 1].rsplit("::", 1)[-1] for a in calls if "--replace" in a]
+            return replaced_machines(tmp_path)
 
         def kube(self) -> dict:
             return json.loads(kube_state.read_text())

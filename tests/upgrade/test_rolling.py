@@ -68,3 +68,20 @@ def test_azure_cpu_scale_sets_roll_with_surge_and_the_kubelet_as_health(cluster)
             health = [e for e in extensions if e["type"] == "ApplicationHealthLinux"]
             assert health and health[0]["settings"] == {"protocol": "http", "port": KUBELET_HEALTHZ_PORT,
                                                         "requestPath": "/healthz"}
+
+
+def test_every_node_stops_its_pods_gracefully_when_its_machine_shuts_down():
+    """A provider rolling update or scale-in shuts the machine down: the kubelet's
+    graceful node shutdown (shared KubeletConfiguration, published by kubeadm to
+    every joining node) gives pods their SIGTERM within the clouds' shutdown window."""
+    import yaml
+
+    from corral.infra.bootstrap import render_kubeadm_init_config
+    from corral.model.layout import layout
+
+    for name in ("heron", "ibis", "jaguar"):
+        cluster = load_cluster(ROOT / "clusters" / f"{name}.yaml")
+        docs = {d["kind"]: d for d in yaml.safe_load_all(render_kubeadm_init_config(cluster, layout(cluster), []))
+                if d}
+        kubelet = docs["KubeletConfiguration"]
+        assert kubelet["shutdownGracePeriod"] == "90s" and kubelet["shutdownGracePeriodCriticalPods"] == "20s"

@@ -1,0 +1,217 @@
+"""Cloud GPU pools: a drained, batched replacement by `corral upgrade`.
+
+A provider's rolling update asks no PodDisruptionBudget, so GPU pools are not
+rolled by a deploy (corral.upgrade.rolling). After `corral up` has given a
+GPU pool's group its new template, `corral upgrade` replaces the pool's nodes
+that do not run the target Kubernetes version, one batch at a time:
+
+  per node   mark (corral.dev/cordoned-by) and cordon, drain (evictions:
+             PodDisruptionBudgets respected, a timeout), take the instance
+             away through the group's API so the group starts a new one
+             (corral.health.remediate.instance_command: AWS terminate without
+             lowering the desired capacity, GCP recreate-instances, Azure
+             delete-instances), delete the Node object;
+  per batch  wait until the pool has as many Ready, schedulable nodes at the
+             target as it had before the batch plus the batch's size - the
+             replacements joined - before the next batch starts.
+
+A refused drain lifts corral's cordon (the node is unchanged and keeps
+serving) and counts as a failure; more than `max_fail_percentage` of a batch
+failed, or replacements that do not turn Ready in time, stop the roll. What
+is decided comes from the API server, so a second run resumes: a node corral
+left cordoned is finished first, replaced nodes are gone, and a pool whose
+nodes all run the target is not touched. Nodes are matched to pools by their
+`corral.dev/pool` label, to their instance by `spec.providerID`.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from corral.health.kube import CORDON_ANNOTATION, HealthError, Kubectl
+from corral.health.remediate import instance_command
+from corral.model import Cluster
+
+from .versions import KubeVersion, UpgradeError
+
+POOL_LABEL = "corral.dev/pool"
+CORDON_REASON = "corral-upgrade"
+
+
+@dataclass(frozen=True)
+class CloudGpuNode:
+    name: str
+    pool: str
+    kubelet: str
+    provider_id: str
+    ready: bool
+    unschedulable: bool
+    cordoned_by_corral: bool
+
+
+def cloud_gpu_nodes(cluster: Cluster, items: list[dict]) -> list[CloudGpuNode]:
+    """The Nodes of the cluster's cloud GPU pools (by pool label), sorted by name."""
+    pools = {pool.name for pool in cluster.cloud_pools if pool.gpu}
+    found = []
+    for item in items:
+        meta, spec, status = item.get("metadata", {}), item.get("spec", {}), item.get("status", {})
+        pool = (meta.get("labels") or {}).get(POOL_LABEL)
+        if pool not in pools:
+            continue
+        found.append(CloudGpuNode(
+            meta["name"], pool, (status.get("nodeInfo") or {}).get("kubeletVersion", ""),
+            spec.get("providerID", ""),
+            any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []),
+            bool(spec.get("unschedulable")), CORDON_ANNOTATION in (meta.get("annotations") or {})))
+    return sorted(found, key=lambda n: n.name)
+
+
+def _current(node: CloudGpuNode, target: KubeVersion) -> bool:
+    return node.kubelet == f"v{target}"
+
+
+def plan_batches(nodes: list[CloudGpuNode], target: KubeVersion, batch: int) -> list[tuple[str, list[str]]]:
+    """(pool, nodes) batches: per pool, the nodes corral left cordoned first (resume), then those
+    not at the target, `batch` at a time, in name order."""
+    batches = []
+    for pool in sorted({n.pool for n in nodes}):
+        members = [n for n in nodes if n.pool == pool]
+        todo = [n.name for n in members if n.cordoned_by_corral] + \
+               [n.name for n in members if not n.cordoned_by_corral and not _current(n, target)]
+        batches += [(pool, todo[i:i + batch]) for i in range(0, len(todo), batch)]
+    return batches
+
+
+@dataclass
+class RollReport:
+    replaced: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    stopped: str = ""
+
+
+def _replace_one(cluster: Cluster, kubectl: Kubectl, node: CloudGpuNode,
+                 run: Callable[[list[str]], subprocess.CompletedProcess]) -> None:
+    """Cordon, drain, take the instance away, delete the Node; HealthError says what failed."""
+    command = instance_command(cluster.control_plane.cloud, node.provider_id)
+    kubectl.cordon(node.name, CORDON_REASON)
+    try:
+        kubectl.drain(node.name)
+    except HealthError:
+        # The node is unchanged: lift corral's cordon so it keeps serving.
+        if CORDON_ANNOTATION in (kubectl.node(node.name)["metadata"].get("annotations") or {}):
+            kubectl.run("uncordon", node.name)
+            kubectl.run("annotate", "node", node.name, f"{CORDON_ANNOTATION}-")
+        raise
+    proc = run(command)
+    if proc.returncode != 0:
+        raise HealthError(f"{shlex.join(command[:4])} ... exit {proc.returncode}: {proc.stderr.strip()[-300:]} "
+                          "(the node stays cordoned; run again to retry)")
+    kubectl.delete_node(node.name)
+
+
+def _run_cloud_cli(command: list[str]) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    except FileNotFoundError:
+        raise HealthError(f"{command[0]} is not installed: it replaces the pool's instances") from None
+
+
+def roll_cloud_gpu_pools(
+    cluster: Cluster, kubectl: Kubectl, target: KubeVersion, batch: int, max_fail_percentage: int,
+    wait_timeout: float = 1800, interval: float | None = None,
+    run: Callable[[list[str]], subprocess.CompletedProcess] = _run_cloud_cli,
+    on_step: Callable[[str, str], None] = lambda what, step: None,
+) -> RollReport:
+    """Replace the cloud GPU nodes not at `target`, drained, `batch` at a time per pool."""
+    report = RollReport()
+    interval = interval if interval is not None else min(15.0, wait_timeout / 10)
+    nodes = {n.name: n for n in cloud_gpu_nodes(cluster, kubectl.nodes())}
+    for pool, names in plan_batches(list(nodes.values()), target, batch):
+        before = sum(1 for n in cloud_gpu_nodes(cluster, kubectl.nodes())
+                     if n.pool == pool and _current(n, target) and n.ready and not n.unschedulable
+                     and n.name not in names)
+        failed = []
+        for name in names:
+            on_step(name, "cordon, drain, replace the instance")
+            try:
+                _replace_one(cluster, kubectl, nodes[name], run)
+            except HealthError as error:
+                failed.append(name)
+                report.failed[name] = str(error)
+                on_step(name, f"failed: {error}")
+                continue
+            report.replaced.append(name)
+        done = len(names) - len(failed)
+        if done:
+            wanted = before + done
+            on_step(pool, f"wait for {done} replacement(s) Ready at v{target}")
+            deadline = time.monotonic() + wait_timeout
+            while True:
+                ready = sum(1 for n in cloud_gpu_nodes(cluster, kubectl.nodes())
+                            if n.pool == pool and _current(n, target) and n.ready and not n.unschedulable)
+                if ready >= wanted:
+                    break
+                if time.monotonic() >= deadline:
+                    report.stopped = (f"pool {pool}: {ready} of {wanted} nodes Ready at v{target} after "
+                                      f"{wait_timeout:.0f} s (does the group's template boot v{target}? "
+                                      "`corral up` gives it the new one)")
+                    return report
+                time.sleep(interval)
+        if failed and len(failed) * 100 > max_fail_percentage * len(names):
+            report.stopped = (f"pool {pool}: {len(failed)} of {len(names)} node(s) of the batch failed "
+                              f"(--max-fail-percentage {max_fail_percentage})")
+            return report
+    return report
+
+
+def check_steps(cluster: Cluster, nodes: list[CloudGpuNode], target: KubeVersion, batch: int) -> list[str]:
+    """What `--check` prints for the cloud GPU pools."""
+    lines = []
+    by_name = {n.name: n for n in nodes}
+    for number, (pool, names) in enumerate(plan_batches(nodes, target, batch), 1):
+        lines.append(f"{pool} batch {number}: " + ", ".join(names))
+        for name in names:
+            try:
+                command = shlex.join(instance_command(cluster.control_plane.cloud, by_name[name].provider_id))
+            except HealthError as error:
+                command = f"(fails: {error})"
+            lines.append(f"  {name}: cordon, drain, {command}, delete node")
+    return lines
+
+
+def require_known_instances(cluster: Cluster, nodes: list[CloudGpuNode], names: list[str]) -> None:
+    """Refuse before touching anything when a node's instance cannot be found."""
+    by_name = {n.name: n for n in nodes}
+    bad = []
+    for name in names:
+        try:
+            instance_command(cluster.control_plane.cloud, by_name[name].provider_id)
+        except HealthError as error:
+            bad.append(f"{name}: {error}")
+    if bad:
+        raise UpgradeError("; ".join(bad))
+
+
+@contextmanager
+def kubeconfig_path(access) -> Iterator[Path | None]:
+    """The operator credential of a `ClusterAccess` as a file for kubectl (None: $KUBECONFIG).
+
+    The stack's credential, held in memory, is written 0600 to a private
+    temporary folder only while the roll runs."""
+    if access.kubeconfig is not None or access.kubeconfig_text is None:
+        yield access.kubeconfig
+        return
+    with tempfile.TemporaryDirectory(prefix="corral-kubeconfig-") as folder:
+        path = Path(folder) / "kubeconfig"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(access.kubeconfig_text)
+        yield path

@@ -1,0 +1,158 @@
+"""Cloud GPU pools through `corral upgrade`: a drained, batched replacement.
+
+heron (AWS) upgrades to 1.31.0 with its API servers already there; its two
+GPU pools have nodes at 1.30.8. At the process boundary: the fake kubectl
+(tests/upgrade/fake_kubectl: nodes with pool labels and provider IDs, pods,
+PodDisruptionBudgets that refuse an eviction) and a fake `aws` CLI
+(tests/upgrade/fake_cloud: terminating an instance in its Auto Scaling group
+launches a replacement Node at the version the group's template boots).
+Asserted: `--check` prints the batches and the exact cloud commands and
+changes nothing; the nodes are cordoned, drained, terminated without
+lowering the desired capacity and deleted one batch at a time, the next
+batch only after the replacements are Ready at the target; a second run
+does nothing; a drain a PDB refuses lifts corral's cordon and stops the roll
+(budget 0), the next run resumes; replacements that never turn Ready stop
+the roll with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).parent
+OLD, NEW = "1.30.8", "1.31.0"
+POOLS = {"gpu-a": "gpu-a10g", "gpu-b": "gpu-a10g", "gpu-c": "gpu-a10g", "gpu-x": "gpu-a10g-inference"}
+
+
+def node(pool: str, instance: str, version: str) -> dict:
+    return {"labels": {"corral.dev/pool": pool, "corral.dev/cluster": "heron"},
+            "providerID": f"aws:///us-west-2a/{instance}", "kubeletVersion": f"v{version}", "annotations": {}}
+
+
+@pytest.fixture
+def cloud(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "kubectl").symlink_to(HERE / "fake_kubectl")
+    (bin_dir / "aws").symlink_to(HERE / "fake_cloud")
+    state = tmp_path / "kube.json"
+    nodes = {name: node(pool, f"i-0{i}", OLD) for i, (name, pool) in enumerate(POOLS.items())}
+    nodes["gpu-d"] = node("gpu-a10g", "i-09", NEW)  # already at the target
+    nodes["cpu-1"] = node("cpu-m7i", "i-10", OLD)   # a CPU pool: rolled by the provider on `corral up`
+    state.write_text(json.dumps({
+        "serverVersion": f"v{NEW}", "nodes": nodes,
+        "pods": [{"name": "train-a", "namespace": "ml", "node": "gpu-a", "labels": {"app": "train"}},
+                 {"name": "serve-b", "namespace": "ml", "node": "gpu-b", "labels": {"app": "serve"}},
+                 {"name": "serve-d", "namespace": "ml", "node": "gpu-d", "labels": {"app": "serve"}}],
+        "pdbs": [{"name": "serve", "namespace": "ml", "selector": {"app": "serve"}, "minAvailable": 1}]}))
+    kubeconfig = tmp_path / "admin.kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\n# TEST FAKE\n")
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", KUBECONFIG=str(kubeconfig),
+               FAKE_KUBE_STATE=str(state), FAKE_KUBECTL_LOG=str(tmp_path / "kubectl.jsonl"),
+               FAKE_CLOUD_LOG=str(tmp_path / "cloud.jsonl"), FAKE_CLOUD_BOOTS_VERSION=NEW, COLUMNS="200")
+
+    class Cloud:
+        def run(self, *extra: str, **extra_env) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "corral", "upgrade", "heron", "--to", NEW,
+                                   "--clusters", str(ROOT / "clusters"), *extra],
+                                  env=env | extra_env, capture_output=True, text=True, timeout=300)
+
+        def state(self) -> dict:
+            return json.loads(state.read_text())
+
+        def edit(self, change) -> None:
+            data = self.state()
+            change(data)
+            state.write_text(json.dumps(data))
+
+        def ops(self) -> list[tuple[str, str]]:
+            log = tmp_path / "kubectl.jsonl"
+            calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+            return [(c["verb"], c["argv"][2] if c["verb"] == "delete" else c["argv"][1]) for c in calls
+                    if c.get("verb") in ("cordon", "drain", "uncordon") or c["argv"][:2] == ["delete", "node"]]
+
+        def terminated(self) -> list[str]:
+            log = tmp_path / "cloud.jsonl"
+            calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+            return [c[c.index("--instance-id") + 1] for c in calls]
+
+    return Cloud()
+
+
+def test_check_prints_the_batches_and_commands_and_changes_nothing(cloud):
+    result = cloud.run("--check", "--cloud-gpu-batch", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "heron-gpu-a10g" in out and "cloud-gpu-pool" in out
+    assert "gpu-a10g batch 1: gpu-a, gpu-b" in out and "gpu-a10g batch 2: gpu-c" in out
+    assert "gpu-a10g-inference batch 3: gpu-x" in out and "gpu-d" not in out and "cpu-1:" not in out
+    assert ("gpu-a: cordon, drain, aws autoscaling terminate-instance-in-auto-scaling-group --instance-id i-00 "
+            "--no-should-decrement-desired-capacity --region us-west-2, delete node") in out
+    assert cloud.ops() == [] and cloud.terminated() == []
+
+
+def test_gpu_nodes_are_drained_and_replaced_a_batch_at_a_time(cloud):
+    cloud.edit(lambda s: s.update(pdbs=[]))
+    result = cloud.run("--cloud-gpu-batch", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    ops = cloud.ops()
+    assert ops == [("cordon", "gpu-a"), ("drain", "gpu-a"), ("delete", "gpu-a"),
+                   ("cordon", "gpu-b"), ("drain", "gpu-b"), ("delete", "gpu-b"),
+                   ("cordon", "gpu-c"), ("drain", "gpu-c"), ("delete", "gpu-c"),
+                   ("cordon", "gpu-x"), ("drain", "gpu-x"), ("delete", "gpu-x")], ops
+    assert cloud.terminated() == ["i-00", "i-01", "i-02", "i-03"]
+    # The batch waited for its replacements before the next began.
+    waits = [line for line in result.stderr.splitlines() if "replacement(s) Ready" in line]
+    assert waits == ["gpu-a10g: wait for 2 replacement(s) Ready at v1.31.0",
+                     "gpu-a10g: wait for 1 replacement(s) Ready at v1.31.0",
+                     "gpu-a10g-inference: wait for 1 replacement(s) Ready at v1.31.0"]
+    state = cloud.state()
+    gpu = {n: v for n, v in state["nodes"].items() if v["labels"]["corral.dev/pool"].startswith("gpu")}
+    assert len(gpu) == 5 and all(v["kubeletVersion"] == f"v{NEW}" for v in gpu.values())
+    assert not any(v.get("unschedulable") or v["annotations"] for v in gpu.values())
+    assert state["nodes"]["cpu-1"]["kubeletVersion"] == f"v{OLD}"  # not this roll's
+    assert next(p for p in state["pods"] if p["name"] == "train-a")["node"] not in (None, "gpu-a")
+    assert "cloud GPU pools: 4 node(s) replaced, 0 failed" in result.stdout
+
+    again = cloud.run("--cloud-gpu-batch", "2")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert cloud.ops() == ops and "cloud GPU pools: every node runs 1.31.0" in again.stdout
+
+
+def test_a_refused_drain_uncordons_and_stops_then_the_next_run_resumes(cloud):
+    # serve-b and serve-d are the two replicas of a budget of minAvailable 1: gpu-b
+    # drains (serve-b moves), but then a budget that allows none refuses.
+    cloud.edit(lambda s: s["pdbs"][0].update(minAvailable=2))
+    first = cloud.run("--cloud-gpu-batch", "2", "--max-fail-percentage", "0")
+    assert first.returncode == 1
+    ops = cloud.ops()
+    assert ("drain", "gpu-b") in ops and ("uncordon", "gpu-b") in ops and ("delete", "gpu-b") not in ops
+    assert ("cordon", "gpu-c") not in ops, "the roll went on past a failed batch"
+    assert cloud.terminated() == ["i-00"]
+    state = cloud.state()
+    assert not state["nodes"]["gpu-b"].get("unschedulable") and not state["nodes"]["gpu-b"]["annotations"]
+    message = " ".join((first.stdout + first.stderr).split())
+    assert "gpu-b:" in message and "disruption budget" in message and "run corral upgrade again to resume" in message
+
+    cloud.edit(lambda s: s.update(pdbs=[]))
+    second = cloud.run("--cloud-gpu-batch", "2")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert cloud.terminated() == ["i-00", "i-01", "i-02", "i-03"]
+
+
+def test_replacements_that_never_turn_ready_stop_the_roll(cloud):
+    cloud.edit(lambda s: s.update(pdbs=[]))
+    result = cloud.run("--replacement-timeout", "2", FAKE_CLOUD_NEVER_READY="1")
+    assert result.returncode == 1
+    assert cloud.terminated() == ["i-00"]
+    message = " ".join(result.stderr.split())
+    assert "pool gpu-a10g: 1 of 2 nodes Ready at v1.31.0 after 2 s" in message
+    assert "`corral up` gives it the new one" in message
+
