@@ -258,12 +258,14 @@ ETCD_REPLACE_PROCEDURE = (
     "with initial-cluster-state existing; `corral etcd status` healthy before the next (docs/etcd.md)"
 )
 ETCD_ADD_PROCEDURE = (
-    "etcd: a new member: `pulumi up --target` one new member at a time after `etcdctl member add`; "
-    "it starts with initial-cluster-state existing; `corral etcd status` healthy before the next (docs/etcd.md)"
+    "etcd: a new member: `pulumi up` creates its machine (it waits in its join-state check), then "
+    "`corral etcd add CLUSTER {member}` (health gate, member add, waits until it caught up), one member "
+    "at a time; `corral etcd status` healthy before the next (docs/etcd.md)"
 )
 ETCD_REMOVE_PROCEDURE = (
-    "etcd: remove the member from the membership first (`etcdctl member remove`), one at a time, "
-    "`corral etcd status` healthy between removals (docs/etcd.md)"
+    "etcd: remove the member from the membership first (`corral etcd remove CLUSTER {member}`: health "
+    "gate, leadership handed over), one at a time, highest first, then `pulumi up` deletes the machine "
+    "(docs/etcd.md)"
 )
 
 
@@ -283,9 +285,9 @@ def _explain_etcd_membership(changes: list[ResourceChange], old_by: dict) -> Non
         if change.action == REPLACE:
             change.notes.append(ETCD_REPLACE_PROCEDURE.format(member=member))
         elif change.action == CREATE and change.stateful == "etcd member" and _etcd_group(member) in old_groups:
-            change.notes.append(ETCD_ADD_PROCEDURE)
+            change.notes.append(ETCD_ADD_PROCEDURE.format(member=member))
         elif change.action == DELETE and change.stateful == "etcd member":
-            change.notes.append(ETCD_REMOVE_PROCEDURE)
+            change.notes.append(ETCD_REMOVE_PROCEDURE.format(member=member))
 
 
 def counts(changes: list[ResourceChange]) -> dict[str, int]:

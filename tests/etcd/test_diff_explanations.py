@@ -31,8 +31,10 @@ def test_growing_and_shrinking_the_membership_say_one_at_a_time():
     five = [machine(f"heron-etcd-{i}") for i in range(5)]
     grown = {c.name: c for c in classify(three, five)}
     assert {n: c.action for n, c in grown.items()} == {"heron-etcd-3": CREATE, "heron-etcd-4": CREATE}
-    assert all(any("initial-cluster-state existing" in note for note in c.notes) for c in grown.values())
+    assert all(any(f"`corral etcd add CLUSTER {name}`" in note and "one member at a time" in note
+                   for note in c.notes) for name, c in grown.items()), grown
     shrunk = {c.name: c for c in classify(five, three)}
-    assert all(c.action == DELETE and any("member remove" in n for n in c.notes) for c in shrunk.values())
+    assert all(c.action == DELETE and any(f"`corral etcd remove CLUSTER {name}`" in n for n in c.notes)
+               for name, c in shrunk.items()), shrunk
     # A brand-new cluster's members are not "membership changes".
     assert all(not c.notes for c in classify([], three))
