@@ -134,7 +134,8 @@ def _roll_cloud_gpu(cluster, access, target, batch, max_fail_percentage, wait_ti
     """The cloud GPU pools' drained replacement (corral/upgrade/cloudgpu.py); `check`: print the batches."""
     from corral.health.kube import HealthError, Kubectl
     from corral.upgrade.cloudgpu import (
-        check_steps, cloud_gpu_nodes, kubeconfig_path, plan_batches, require_known_instances, roll_cloud_gpu_pools,
+        check_steps, cloud_gpu_nodes, kubeconfig_path, plan_batches, pool_templates, require_known_instances,
+        roll_cloud_gpu_pools,
     )
     from corral.upgrade.versions import UpgradeError
 
@@ -145,10 +146,11 @@ def _roll_cloud_gpu(cluster, access, target, batch, max_fail_percentage, wait_ti
             if check:
                 lines = check_steps(cluster, nodes, target, batch)
                 out.print("\n".join(["cloud GPU pools (drained replacement):", *lines]) if lines
-                          else f"cloud GPU pools: every node runs {target}", markup=False)
+                          else f"cloud GPU pools: every node runs {target} on its pool's current template",
+                          markup=False)
                 return
-            require_known_instances(cluster, nodes, [n for _, names in plan_batches(nodes, target, batch)
-                                                     for n in names])
+            todo = plan_batches(nodes, target, batch, pool_templates(cluster))
+            require_known_instances(cluster, nodes, [n for _, names in todo for n in names])
             report = roll_cloud_gpu_pools(cluster, kubectl, target, batch, max_fail_percentage, wait_timeout,
                                           on_step=lambda what, step: err.print(f"{what}: {step}", markup=False))
         except (HealthError, UpgradeError) as error:

@@ -45,6 +45,8 @@ import jinja2
 from corral.model import CloudPool, Cluster
 from corral.model.layout import API_PORT, API_VIP_OFFSET, Layout, Machine
 
+from corral.upgrade.rolling import template_labels
+
 from .platform import SecretRef
 
 if TYPE_CHECKING:  # Pulumi is imported only where Outputs are wired.
@@ -727,7 +729,8 @@ def render_join_configuration(
         ca_cert_hashes=ca_cert_hashes,
         node_name=node_name,
         provider_id=provider_id,
-        node_labels=cluster.node_labels(pool),
+        # + the template fingerprint of GPU pools (corral upgrade replaces nodes of an old one)
+        node_labels=cluster.node_labels(pool) | template_labels(cluster, pool),
         node_taints=[{"key": t.key, "value": t.value, "effect": t.effect} for t in cluster.node_taints(pool)],
         cri_socket=CRI_SOCKET,
         kubernetes_version=cluster.kubernetes.version,

@@ -40,6 +40,7 @@ from corral.health.kube import CORDON_ANNOTATION, HealthError, Kubectl
 from corral.health.remediate import instance_command
 from corral.model import Cluster
 
+from .rolling import TEMPLATE_LABEL, pool_template_fingerprint
 from .versions import KubeVersion, UpgradeError
 
 POOL_LABEL = "corral.dev/pool"
@@ -55,6 +56,7 @@ class CloudGpuNode:
     ready: bool
     unschedulable: bool
     cordoned_by_corral: bool
+    template: str = ""          # the corral.dev/template label ("" on nodes booted before it existed)
 
 
 def cloud_gpu_nodes(cluster: Cluster, items: list[dict]) -> list[CloudGpuNode]:
@@ -70,22 +72,41 @@ def cloud_gpu_nodes(cluster: Cluster, items: list[dict]) -> list[CloudGpuNode]:
             meta["name"], pool, (status.get("nodeInfo") or {}).get("kubeletVersion", ""),
             spec.get("providerID", ""),
             any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []),
-            bool(spec.get("unschedulable")), CORDON_ANNOTATION in (meta.get("annotations") or {})))
+            bool(spec.get("unschedulable")), CORDON_ANNOTATION in (meta.get("annotations") or {}),
+            (meta.get("labels") or {}).get(TEMPLATE_LABEL, "")))
     return sorted(found, key=lambda n: n.name)
 
 
-def _current(node: CloudGpuNode, target: KubeVersion) -> bool:
+def _at_target(node: CloudGpuNode, target: KubeVersion) -> bool:
     return node.kubelet == f"v{target}"
 
 
-def plan_batches(nodes: list[CloudGpuNode], target: KubeVersion, batch: int) -> list[tuple[str, list[str]]]:
-    """(pool, nodes) batches: per pool, the nodes corral left cordoned first (resume), then those
-    not at the target, `batch` at a time, in name order."""
+def outdated(node: CloudGpuNode, target: KubeVersion, templates: dict[str, str]) -> str:
+    """Why the node needs a new machine ("" if it does not): its kubelet is not the target, or it
+    booted from an older pool template (its label differs from the pool's fingerprint; a node
+    without the label predates it and is judged by its version alone)."""
+    if not _at_target(node, target):
+        return f"runs {node.kubelet or 'no kubelet'}"
+    if node.template and node.template != templates.get(node.pool, node.template):
+        return f"template {node.template}, the pool's is {templates[node.pool]}"
+    return ""
+
+
+def pool_templates(cluster: Cluster) -> dict[str, str]:
+    """Cloud GPU pool -> the template fingerprint its new machines boot with."""
+    return {pool.name: pool_template_fingerprint(cluster, pool) for pool in cluster.cloud_pools if pool.gpu}
+
+
+def plan_batches(nodes: list[CloudGpuNode], target: KubeVersion, batch: int,
+                 templates: dict[str, str] | None = None) -> list[tuple[str, list[str]]]:
+    """(pool, nodes) batches: per pool, the nodes corral left cordoned first (resume), then the
+    outdated ones, `batch` at a time, in name order. `templates`: pool -> current fingerprint."""
+    templates = templates or {}
     batches = []
     for pool in sorted({n.pool for n in nodes}):
         members = [n for n in nodes if n.pool == pool]
         todo = [n.name for n in members if n.cordoned_by_corral] + \
-               [n.name for n in members if not n.cordoned_by_corral and not _current(n, target)]
+               [n.name for n in members if not n.cordoned_by_corral and outdated(n, target, templates)]
         batches += [(pool, todo[i:i + batch]) for i in range(0, len(todo), batch)]
     return batches
 
@@ -133,11 +154,15 @@ def roll_cloud_gpu_pools(
     """Replace the cloud GPU nodes not at `target`, drained, `batch` at a time per pool."""
     report = RollReport()
     interval = interval if interval is not None else min(15.0, wait_timeout / 10)
+    templates = pool_templates(cluster)
+
+    def serving_current(pool: str) -> list[str]:
+        return [n.name for n in cloud_gpu_nodes(cluster, kubectl.nodes()) if n.pool == pool and n.ready
+                and not n.unschedulable and not outdated(n, target, templates)]
+
     nodes = {n.name: n for n in cloud_gpu_nodes(cluster, kubectl.nodes())}
-    for pool, names in plan_batches(list(nodes.values()), target, batch):
-        before = sum(1 for n in cloud_gpu_nodes(cluster, kubectl.nodes())
-                     if n.pool == pool and _current(n, target) and n.ready and not n.unschedulable
-                     and n.name not in names)
+    for pool, names in plan_batches(list(nodes.values()), target, batch, templates):
+        before = len([n for n in serving_current(pool) if n not in names])
         failed = []
         for name in names:
             on_step(name, "cordon, drain, replace the instance")
@@ -155,14 +180,13 @@ def roll_cloud_gpu_pools(
             on_step(pool, f"wait for {done} replacement(s) Ready at v{target}")
             deadline = time.monotonic() + wait_timeout
             while True:
-                ready = sum(1 for n in cloud_gpu_nodes(cluster, kubectl.nodes())
-                            if n.pool == pool and _current(n, target) and n.ready and not n.unschedulable)
+                ready = len(serving_current(pool))
                 if ready >= wanted:
                     break
                 if time.monotonic() >= deadline:
-                    report.stopped = (f"pool {pool}: {ready} of {wanted} nodes Ready at v{target} after "
-                                      f"{wait_timeout:.0f} s (does the group's template boot v{target}? "
-                                      "`corral up` gives it the new one)")
+                    report.stopped = (f"pool {pool}: {ready} of {wanted} nodes Ready at v{target} on template "
+                                      f"{templates[pool]} after {wait_timeout:.0f} s (does the group's "
+                                      f"template boot them? `corral up` gives it the new one)")
                     return report
                 time.sleep(interval)
         if failed and len(failed) * 100 > max_fail_percentage * len(names):
@@ -176,14 +200,16 @@ def check_steps(cluster: Cluster, nodes: list[CloudGpuNode], target: KubeVersion
     """What `--check` prints for the cloud GPU pools."""
     lines = []
     by_name = {n.name: n for n in nodes}
-    for number, (pool, names) in enumerate(plan_batches(nodes, target, batch), 1):
+    templates = pool_templates(cluster)
+    for number, (pool, names) in enumerate(plan_batches(nodes, target, batch, templates), 1):
         lines.append(f"{pool} batch {number}: " + ", ".join(names))
         for name in names:
             try:
                 command = shlex.join(instance_command(cluster.control_plane.cloud, by_name[name].provider_id))
             except HealthError as error:
                 command = f"(fails: {error})"
-            lines.append(f"  {name}: cordon, drain, {command}, delete node")
+            why = outdated(by_name[name], target, templates) or "left cordoned by corral"
+            lines.append(f"  {name} ({why}): cordon, drain, {command}, delete node")
     return lines
 
 

@@ -14,7 +14,10 @@ and replaces them (docs/upgrades.md).
 
 from __future__ import annotations
 
-from corral.model.schema import CloudPool
+import hashlib
+import json
+
+from corral.model.schema import CloudPool, Cluster
 
 # Extra machines during a roll, as a share of the pool (AWS, Azure batches).
 SURGE_PERCENT = 10
@@ -26,3 +29,26 @@ KUBELET_HEALTHZ_PORT = 10248
 
 def rolls_on_deploy(pool: CloudPool) -> bool:
     return pool.gpu is None
+
+
+# A cloud GPU node's label naming the pool declaration it booted from, so
+# `corral upgrade` can tell nodes of an old template (a driver, machine type or
+# label change keeps the kubelet version) from current ones.
+TEMPLATE_LABEL = "corral.dev/template"
+
+
+def pool_template_fingerprint(cluster: Cluster, pool: CloudPool) -> str:
+    """What a pool's machines boot from, from the cluster file: the Kubernetes
+    version and the pool's declaration but its size and zones (scaling and
+    placement are no new template). 16 hex digits (a label value)."""
+    declared = pool.model_dump(mode="json", by_alias=True, exclude={"min_size", "max_size", "zones"})
+    text = json.dumps({"kubernetes": cluster.kubernetes.version, "pool": declared,
+                       "labels": cluster.node_labels(pool),
+                       "taints": [t.model_dump(mode="json") for t in cluster.node_taints(pool)]}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def template_labels(cluster: Cluster, pool: CloudPool) -> dict[str, str]:
+    """The extra labels a cloud pool's nodes register with: the template fingerprint, GPU pools only
+    (CPU pools are rolled by their provider whenever the template changes)."""
+    return {} if rolls_on_deploy(pool) else {TEMPLATE_LABEL: pool_template_fingerprint(cluster, pool)}

@@ -333,7 +333,10 @@ def test_pool_nodes_join_with_the_shared_template_and_their_labels_and_taints():
     registration = join["nodeRegistration"]
     assert registration["name"] == bootstrap.NODE_NAME_PLACEHOLDER
     labels = dict(item.split("=", 1) for item in registration["kubeletExtraArgs"]["node-labels"].split(","))
-    assert labels == heron.node_labels(pool)
+    # + the GPU pool's template fingerprint (corral upgrade replaces nodes of an older one)
+    from corral.upgrade.rolling import TEMPLATE_LABEL, pool_template_fingerprint
+
+    assert labels == heron.node_labels(pool) | {TEMPLATE_LABEL: pool_template_fingerprint(heron, pool)}
     assert labels["corral.dev/team"] == "inference"
     taints = {(t["key"], t.get("value"), t["effect"]) for t in registration["taints"]}
     assert ("corral.dev/team", "inference", "NoSchedule") in taints

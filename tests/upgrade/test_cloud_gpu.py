@@ -1,7 +1,10 @@
 """Cloud GPU pools through `corral upgrade`: a drained, batched replacement.
 
 heron (AWS) upgrades to 1.31.0 with its API servers already there; its two
-GPU pools have nodes at 1.30.8. At the process boundary: the fake kubectl
+GPU pools have nodes at 1.30.8, one at 1.31.0 booted from an older pool
+template (its corral.dev/template label is not the pool's fingerprint) and
+one at 1.31.0 without the label (booted before it existed: judged by its
+version). At the process boundary: the fake kubectl
 (tests/upgrade/fake_kubectl: nodes with pool labels and provider IDs, pods,
 PodDisruptionBudgets that refuse an eviction) and a fake `aws` CLI
 (tests/upgrade/fake_cloud: terminating an instance in its Auto Scaling group
@@ -25,15 +28,24 @@ from pathlib import Path
 
 import pytest
 
+from corral.model import load_cluster
+from corral.upgrade.cloudgpu import pool_templates
+
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).parent
 OLD, NEW = "1.30.8", "1.31.0"
 POOLS = {"gpu-a": "gpu-a10g", "gpu-b": "gpu-a10g", "gpu-c": "gpu-a10g", "gpu-x": "gpu-a10g-inference"}
 
 
-def node(pool: str, instance: str, version: str) -> dict:
-    return {"labels": {"corral.dev/pool": pool, "corral.dev/cluster": "heron"},
-            "providerID": f"aws:///us-west-2a/{instance}", "kubeletVersion": f"v{version}", "annotations": {}}
+TEMPLATES = pool_templates(load_cluster(ROOT / "clusters" / "heron.yaml"))
+
+
+def node(pool: str, instance: str, version: str, template: str | None = None) -> dict:
+    labels = {"corral.dev/pool": pool, "corral.dev/cluster": "heron"}
+    if template:
+        labels["corral.dev/template"] = template
+    return {"labels": labels, "providerID": f"aws:///us-west-2a/{instance}", "kubeletVersion": f"v{version}",
+            "annotations": {}}
 
 
 @pytest.fixture
@@ -44,7 +56,9 @@ def cloud(tmp_path):
     (bin_dir / "aws").symlink_to(HERE / "fake_cloud")
     state = tmp_path / "kube.json"
     nodes = {name: node(pool, f"i-0{i}", OLD) for i, (name, pool) in enumerate(POOLS.items())}
-    nodes["gpu-d"] = node("gpu-a10g", "i-09", NEW)  # already at the target
+    nodes["gpu-d"] = node("gpu-a10g", "i-09", NEW)  # at the target, no template label: left alone
+    nodes["gpu-e"] = node("gpu-a10g", "i-08", NEW, template="0123456789abcdef")  # an older template
+    nodes["gpu-f"] = node("gpu-a10g", "i-07", NEW, template=TEMPLATES["gpu-a10g"])  # current
     nodes["cpu-1"] = node("cpu-m7i", "i-10", OLD)   # a CPU pool: rolled by the provider on `corral up`
     state.write_text(json.dumps({
         "serverVersion": f"v{NEW}", "nodes": nodes,
@@ -56,7 +70,8 @@ def cloud(tmp_path):
     kubeconfig.write_text("apiVersion: v1\nkind: Config\n# TEST FAKE\n")
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", KUBECONFIG=str(kubeconfig),
                FAKE_KUBE_STATE=str(state), FAKE_KUBECTL_LOG=str(tmp_path / "kubectl.jsonl"),
-               FAKE_CLOUD_LOG=str(tmp_path / "cloud.jsonl"), FAKE_CLOUD_BOOTS_VERSION=NEW, COLUMNS="200")
+               FAKE_CLOUD_LOG=str(tmp_path / "cloud.jsonl"), FAKE_CLOUD_BOOTS_VERSION=NEW,
+               FAKE_CLOUD_TEMPLATES=json.dumps(TEMPLATES), COLUMNS="200")
 
     class Cloud:
         def run(self, *extra: str, **extra_env) -> subprocess.CompletedProcess:
@@ -91,10 +106,12 @@ def test_check_prints_the_batches_and_commands_and_changes_nothing(cloud):
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "heron-gpu-a10g" in out and "cloud-gpu-pool" in out
-    assert "gpu-a10g batch 1: gpu-a, gpu-b" in out and "gpu-a10g batch 2: gpu-c" in out
-    assert "gpu-a10g-inference batch 3: gpu-x" in out and "gpu-d" not in out and "cpu-1:" not in out
-    assert ("gpu-a: cordon, drain, aws autoscaling terminate-instance-in-auto-scaling-group --instance-id i-00 "
-            "--no-should-decrement-desired-capacity --region us-west-2, delete node") in out
+    assert "gpu-a10g batch 1: gpu-a, gpu-b" in out and "gpu-a10g batch 2: gpu-c, gpu-e" in out
+    assert "gpu-a10g-inference batch 3: gpu-x" in out and "cpu-1" not in out
+    assert "gpu-d" not in out and "gpu-f" not in out
+    assert ("gpu-a (runs v1.30.8): cordon, drain, aws autoscaling terminate-instance-in-auto-scaling-group "
+            "--instance-id i-00 --no-should-decrement-desired-capacity --region us-west-2, delete node") in out
+    assert f"gpu-e (template 0123456789abcdef, the pool's is {TEMPLATES['gpu-a10g']})" in out
     assert cloud.ops() == [] and cloud.terminated() == []
 
 
@@ -106,24 +123,28 @@ def test_gpu_nodes_are_drained_and_replaced_a_batch_at_a_time(cloud):
     assert ops == [("cordon", "gpu-a"), ("drain", "gpu-a"), ("delete", "gpu-a"),
                    ("cordon", "gpu-b"), ("drain", "gpu-b"), ("delete", "gpu-b"),
                    ("cordon", "gpu-c"), ("drain", "gpu-c"), ("delete", "gpu-c"),
+                   ("cordon", "gpu-e"), ("drain", "gpu-e"), ("delete", "gpu-e"),
                    ("cordon", "gpu-x"), ("drain", "gpu-x"), ("delete", "gpu-x")], ops
-    assert cloud.terminated() == ["i-00", "i-01", "i-02", "i-03"]
+    assert cloud.terminated() == ["i-00", "i-01", "i-02", "i-08", "i-03"]
     # The batch waited for its replacements before the next began.
     waits = [line for line in result.stderr.splitlines() if "replacement(s) Ready" in line]
     assert waits == ["gpu-a10g: wait for 2 replacement(s) Ready at v1.31.0",
-                     "gpu-a10g: wait for 1 replacement(s) Ready at v1.31.0",
+                     "gpu-a10g: wait for 2 replacement(s) Ready at v1.31.0",
                      "gpu-a10g-inference: wait for 1 replacement(s) Ready at v1.31.0"]
     state = cloud.state()
     gpu = {n: v for n, v in state["nodes"].items() if v["labels"]["corral.dev/pool"].startswith("gpu")}
-    assert len(gpu) == 5 and all(v["kubeletVersion"] == f"v{NEW}" for v in gpu.values())
+    assert len(gpu) == 7 and all(v["kubeletVersion"] == f"v{NEW}" for v in gpu.values())
+    assert sorted(v["labels"].get("corral.dev/template", "none") for v in gpu.values()) == sorted(
+        [TEMPLATES["gpu-a10g"]] * 5 + [TEMPLATES["gpu-a10g-inference"], "none"])
     assert not any(v.get("unschedulable") or v["annotations"] for v in gpu.values())
     assert state["nodes"]["cpu-1"]["kubeletVersion"] == f"v{OLD}"  # not this roll's
     assert next(p for p in state["pods"] if p["name"] == "train-a")["node"] not in (None, "gpu-a")
-    assert "cloud GPU pools: 4 node(s) replaced, 0 failed" in result.stdout
+    assert "cloud GPU pools: 5 node(s) replaced, 0 failed" in result.stdout
 
     again = cloud.run("--cloud-gpu-batch", "2")
     assert again.returncode == 0, again.stdout + again.stderr
-    assert cloud.ops() == ops and "cloud GPU pools: every node runs 1.31.0" in again.stdout
+    assert cloud.ops() == ops and "cloud GPU pools: every node runs 1.31.0 on its pool's current template" in \
+        again.stdout
 
 
 def test_a_refused_drain_uncordons_and_stops_then_the_next_run_resumes(cloud):
@@ -144,7 +165,7 @@ def test_a_refused_drain_uncordons_and_stops_then_the_next_run_resumes(cloud):
     cloud.edit(lambda s: s.update(pdbs=[]))
     second = cloud.run("--cloud-gpu-batch", "2")
     assert second.returncode == 0, second.stdout + second.stderr
-    assert cloud.terminated() == ["i-00", "i-01", "i-02", "i-03"]
+    assert cloud.terminated() == ["i-00", "i-01", "i-02", "i-08", "i-03"]
 
 
 def test_replacements_that_never_turn_ready_stop_the_roll(cloud):
@@ -153,6 +174,6 @@ def test_replacements_that_never_turn_ready_stop_the_roll(cloud):
     assert result.returncode == 1
     assert cloud.terminated() == ["i-00"]
     message = " ".join(result.stderr.split())
-    assert "pool gpu-a10g: 1 of 2 nodes Ready at v1.31.0 after 2 s" in message
+    assert f"pool gpu-a10g: 2 of 3 nodes Ready at v1.31.0 on template {TEMPLATES['gpu-a10g']} after 2 s" in message
     assert "`corral up` gives it the new one" in message
 

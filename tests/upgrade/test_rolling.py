@@ -85,3 +85,31 @@ def test_every_node_stops_its_pods_gracefully_when_its_machine_shuts_down():
                 if d}
         kubelet = docs["KubeletConfiguration"]
         assert kubelet["shutdownGracePeriod"] == "90s" and kubelet["shutdownGracePeriodCriticalPods"] == "20s"
+
+
+def test_gpu_pool_nodes_carry_the_fingerprint_of_the_template_they_boot_from():
+    """A driver, machine type, label or version change is a new template; scaling and zones are not.
+    CPU pools carry none (their provider rolls them on every template change)."""
+    from corral.upgrade.rolling import TEMPLATE_LABEL, pool_template_fingerprint, template_labels
+
+    heron = load_cluster(ROOT / "clusters" / "heron.yaml")
+    pool = heron.pool("gpu-a10g")
+    base = pool_template_fingerprint(heron, pool)
+    assert len(base) == 16 and int(base, 16) >= 0
+    same = [pool.model_copy(update={"max_size": 999, "min_size": 3, "zones": ["us-west-2c"]})]
+    changed = [pool.model_copy(update={"machine_type": "g5.24xlarge"}),
+               pool.model_copy(update={"gpu": pool.gpu.model_copy(update={"driver": "550.163.01"})}),
+               pool.model_copy(update={"labels": {**pool.labels, "tier": "gold"}})]
+    assert all(pool_template_fingerprint(heron, p) == base for p in same)
+    assert len({base, *(pool_template_fingerprint(heron, p) for p in changed)}) == 1 + len(changed)
+    newer = heron.model_copy(update={"kubernetes": heron.kubernetes.model_copy(update={"version": "1.31.4"})})
+    assert pool_template_fingerprint(newer, pool) != base
+    assert template_labels(heron, pool) == {TEMPLATE_LABEL: base}
+    assert template_labels(heron, heron.pool("cpu-m7i")) == {}
+    # What the pools' user data registers the nodes with (golden plan, AWS user data is base64).
+    import base64
+
+    user_data = [base64.b64decode(r["inputs"]["userData"]).decode()
+                 for r in resources("heron", "aws:ec2/launchTemplate:LaunchTemplate")]
+    assert sum(f"{TEMPLATE_LABEL}={base}" in text for text in user_data) == 1
+    assert sum(TEMPLATE_LABEL in text for text in user_data) == len(gpu_pools("heron"))
