@@ -28,6 +28,7 @@ from .expiry import CertRecord
 from .sources import from_endpoints
 
 API_PORT = 6443
+ETCD_CLIENT_PORT = 2379
 
 
 class RenewError(Exception):
@@ -61,11 +62,13 @@ def parse_endpoint_overrides(values: Sequence[str], machines: Sequence[str]) -> 
 
 
 def read_presented(machines: Mapping[str, str], overrides: Mapping[str, tuple[str, int]],
-                   timeout: float = 5.0) -> list[MachineCert]:
-    """Each machine's presented certificate: machine name -> layout IP, read at IP:6443 or its override."""
+                   timeout: float = 5.0, port: int = API_PORT) -> list[MachineCert]:
+    """Each machine's presented certificate: machine name -> layout IP, read at IP:`port` (6443; an
+    etcd member's 2379) or its override."""
     results = []
+    default_port = port
     for machine, ip in machines.items():
-        host, port = overrides.get(machine, (ip, API_PORT))
+        host, port = overrides.get(machine, (ip, default_port))
         records, problems = from_endpoints([(machine, host, port)], timeout)
         leaf = [r for r in records if not r.is_ca]
         results.append(MachineCert(machine, f"{host}:{port}", leaf[0] if leaf else None,

@@ -62,6 +62,16 @@ def upgrade(
         help="--renew-certs: renew certificates with fewer days left.", min=1)] = 30,
     force_renew: Annotated[bool, typer.Option(
         "--force-renew", help="--renew-certs: replace every API server, due or not.")] = False,
+    etcd_members: Annotated[bool, typer.Option(
+        "--etcd-members", help="--renew-certs: the etcd members instead: each whose presented certificate is "
+                               "due fetches the one `pulumi up` re-issued and restarts etcd, one at a time behind "
+                               "the health gates, over ssh.")] = False,
+    ssh: Annotated[str, typer.Option(
+        envvar="CORRAL_ETCD_SSH", help="--etcd-members: the ssh command and its options (e.g. 'ssh -J bastion').")
+    ] = "ssh",
+    ssh_user: Annotated[str, typer.Option(
+        envvar="CORRAL_ETCD_SSH_USER", help="--etcd-members: ssh user; other than root, commands run "
+                                            "through sudo -n.")] = "root",
     cert_endpoints: Annotated[Optional[list[str]], typer.Option(
         "--cert-endpoint", help="--renew-certs: read MACHINE's certificate at HOST:PORT instead of its "
                                 "address:6443 (repeatable), e.g. through a tunnel.", metavar="MACHINE=HOST:PORT")] = None,
@@ -81,6 +91,10 @@ def upgrade(
     from .nodes import _progress_table
 
     cluster = cluster_or_exit(clusters, name)
+    if renew_certs and etcd_members:
+        _renew_etcd_certs(cluster, name, check, renew_days, force_renew, cert_endpoints or [], etcd_endpoints,
+                          (etcd_cacert, etcd_cert, etcd_key), gate_timeout, ssh, ssh_user)
+        return
     if renew_certs:
         _renew_certs(cluster, name, kubeconfig, check, renew_days, force_renew, cert_endpoints or [], state_file,
                      etcd_endpoints, (etcd_cacert, etcd_cert, etcd_key), gate_timeout)
@@ -197,6 +211,73 @@ def _roll_control_plane(cluster, target, access, state_file, etcd_endpoints, tls
     return len(urns)
 
 
+def _show_renewal(title, certs, due, now, action, count_what, check) -> bool:
+    """Print what a renewal does per machine; True when nothing is left to do (--check, or none due)."""
+    table = Table(title=escape(title))
+    for column in ("machine", "presented at", "expires (UTC)", "days left", "action"):
+        table.add_column(column)
+    for cert in certs:
+        expires = cert.record.not_after.strftime("%Y-%m-%d %H:%M") if cert.record else "not read"
+        left = f"{cert.record.days_left(now):.1f}" if cert.record else "-"
+        table.add_row(escape(cert.machine), escape(cert.endpoint), expires, left,
+                      action if cert.machine in due else "keep")
+    out.print(table)
+    if check or not due:
+        out.print(f"{len(due)} {count_what}" + (" (--check: nothing changed)" if check else ""), markup=False)
+        return True
+    return False
+
+
+def _renew_etcd_certs(cluster, name, check, days, force, cert_endpoints, etcd_endpoints, tls, gate_timeout,
+                      ssh, ssh_user) -> None:
+    """`--renew-certs --etcd-members`: restart, one at a time, the members whose certificate is due
+    (corral/certs/etcd_roll.py)."""
+    import shlex
+
+    from corral.certs.etcd_roll import RESTART, roll_etcd_members
+    from corral.certs.expiry import now_utc
+    from corral.certs.renew import ETCD_CLIENT_PORT, RenewError, choose, parse_endpoint_overrides, read_presented
+    from corral.etcd import EtcdError, Etcdctl, Tls
+    from corral.etcd.restore import Remote, RestoreMember, Ssh
+    from corral.model.layout import layout
+
+    tls = _etcd_tls(tls)
+    members = {m.name: m.ip for m in layout(cluster).etcd_members}
+    try:
+        overrides = parse_endpoint_overrides(cert_endpoints, list(members))
+        certs = read_presented(members, overrides, port=ETCD_CLIENT_PORT)
+        now = now_utc()
+        due = choose(certs, now, days, force)
+    except RenewError as error:
+        fail(str(error))
+    if _show_renewal(f"etcd member certificates of {name} (renew under {days} days)", certs, due, now,
+                     "fetch the re-issued certificate, restart etcd", "etcd member(s) to restart", check):
+        return
+    if tls is None:
+        fail("--etcd-members needs the etcd client certificate for the health gates: --etcd-cacert, --etcd-cert "
+             "and --etcd-key")
+    ctl = Etcdctl(etcd_endpoints or layout(cluster).etcd_client_urls(), tls=Tls(*map(str, tls)))
+    login = Ssh(tuple(shlex.split(ssh)), ssh_user)
+
+    def restart(member: str) -> None:
+        Remote(RestoreMember(member, members[member]), login).sh(RESTART, timeout=gate_timeout)
+
+    def still_due(member: str) -> str:
+        cert = read_presented({member: members[member]}, overrides, port=ETCD_CLIENT_PORT)[0]
+        if cert.record is None:
+            return f"presents no certificate at {cert.endpoint} ({cert.problem})"
+        if cert.due(now_utc(), days):
+            return f"still presents a certificate expiring {cert.record.not_after:%Y-%m-%d %H:%M} UTC"
+        return ""
+
+    try:
+        done = roll_etcd_members(ctl, [m for m in members if m in due], restart, still_due, gate_timeout,
+                                 on_step=lambda member, step: err.print(f"{member}: {step}", markup=False))
+    except EtcdError as error:
+        fail(f"{error} (run again: members already renewed are not restarted twice)")
+    out.print(f"{len(done)} etcd member(s) restarted with their renewed certificate", markup=False)
+
+
 def _renew_certs(cluster, name, kubeconfig, check, days, force, cert_endpoints, state_file, etcd_endpoints,
                  tls, gate_timeout) -> None:
     """`--renew-certs`: replace the API servers whose certificate is due (corral/certs/renew.py)."""
@@ -224,18 +305,8 @@ def _renew_certs(cluster, name, kubeconfig, check, days, force, cert_endpoints, 
         due = choose(certs, now, days, force, resume=unfinished(state_file))
     except (JoinError, UpgradeError, RenewError) as error:
         fail(str(error))
-    table = Table(title=escape(f"API server certificates of {name} (renew under {days} days)"))
-    for column in ("machine", "presented at", "expires (UTC)", "days left", "action"):
-        table.add_column(column)
-    for cert in certs:
-        expires = cert.record.not_after.strftime("%Y-%m-%d %H:%M") if cert.record else "not read"
-        left = f"{cert.record.days_left(now):.1f}" if cert.record else "-"
-        table.add_row(escape(cert.machine), escape(cert.endpoint), expires, left,
-                      "replace (new kubeadm certificates)" if cert.machine in due else "keep")
-    out.print(table)
-    if check or not due:
-        out.print(f"{len(due)} API server(s) to renew" + (" (--check: nothing changed)" if check else ""),
-                  markup=False)
+    if _show_renewal(f"API server certificates of {name} (renew under {days} days)", certs, due, now,
+                     "replace (new kubeadm certificates)", "API server(s) to renew", check):
         return
     renewed = _roll_control_plane(cluster, running, access, state_file, etcd_endpoints, tls, gate_timeout,
                                   only=due, what="renewed")

@@ -16,7 +16,7 @@ def _name(common_name: str) -> x509.Name:
 
 
 def make_cert(common_name: str, days_left: float, *, ca: tuple | None = None, is_ca: bool = False,
-              dns_names: tuple[str, ...] = ()) -> tuple[str, str, tuple]:
+              dns_names: tuple[str, ...] = (), ip_addresses: tuple[str, ...] = ()) -> tuple[str, str, tuple]:
     """(cert PEM, key PEM, (cert, key) to sign others with)."""
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.now(timezone.utc)
@@ -29,9 +29,11 @@ def make_cert(common_name: str, days_left: float, *, ca: tuple | None = None, is
                .not_valid_before(now - timedelta(days=400))
                .not_valid_after(now + timedelta(days=days_left))
                .add_extension(x509.BasicConstraints(ca=is_ca, path_length=None), critical=True))
-    if dns_names:
-        builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in dns_names]),
-                                        critical=False)
+    if dns_names or ip_addresses:
+        import ipaddress
+
+        names = [x509.DNSName(n) for n in dns_names] + [x509.IPAddress(ipaddress.ip_address(a)) for a in ip_addresses]
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
     cert = builder.sign(issuer_key, hashes.SHA256())
     cert_pem = cert.public_bytes(serialization.Encoding.PEM).decode()
     key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
