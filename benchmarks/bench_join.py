@@ -47,18 +47,22 @@ from tests.nodes import joinlab  # noqa: E402
 
 @dataclass
 class Timing:
-    """One `corral join`: wall time and where the CPU went.
+    """One `corral join` (or ping): wall time and where the CPU went.
 
     The test hosts are containers on this machine's cores, so their CPU and
     the controller's (corral, ansible-runner, ansible-playbook and its forks,
-    ssh) come out of the same budget. `floor` is the wall time that CPU alone
-    needs on this machine: when wall is close to it, the run is CPU-bound
-    here rather than waiting on serial steps.
+    ssh) come out of the same budget. `hosts_cpu` is read from the lab's own
+    cgroup, so it is the test hosts' alone; `other_cpu` is everything else
+    the machine did meanwhile (other work on a shared machine): a large value
+    says the wall times are not to be trusted. `floor` is the wall time that
+    the join's own CPU needs on this machine: when wall is close to it, the
+    run is CPU-bound here rather than waiting on serial steps.
     """
 
     wall: float
     controller_cpu: float
     hosts_cpu: float
+    other_cpu: float
 
     @property
     def floor(self) -> float:
@@ -72,34 +76,57 @@ def _machine_busy_seconds() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
-def timed_join(setup, *extra: str) -> tuple[Timing, subprocess.CompletedProcess]:
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    busy = _machine_busy_seconds()
-    start = time.perf_counter()
-    result = subprocess.run(joinlab.corral_join_argv(setup, *extra), env=joinlab.env_with(setup),
-                            capture_output=True, text=True, timeout=3600)
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    controller = (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)
-    hosts = max(0.0, _machine_busy_seconds() - busy - controller)
-    return Timing(wall, controller, hosts), result
+def _lab_cpu_seconds(bridge: str) -> float:
+    """CPU seconds used by every test host of the lab (its cgroup: v1 cpuacct or v2 cpu.stat)."""
+    group = f"corral-hostlab-{bridge}"
+    v1 = Path("/sys/fs/cgroup/cpuacct") / group / "cpuacct.usage"
+    if v1.exists():
+        return int(v1.read_text()) / 1e9
+    v2 = Path("/sys/fs/cgroup") / group / "cpu.stat"
+    for line in v2.read_text().splitlines():
+        if line.startswith("usage_usec "):
+            return int(line.split()[1]) / 1e6
+    raise RuntimeError(f"no CPU accounting for {group}")
 
 
-def timed_ping(setup, hosts) -> Timing:
+class Meter:
+    """CPU of the controller (this process's children), the test hosts and the rest, over a block."""
+
+    def __init__(self, bridge: str):
+        self.bridge = bridge
+
+    def __enter__(self) -> "Meter":
+        self._children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self._busy, self._lab = _machine_busy_seconds(), _lab_cpu_seconds(self.bridge)
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        wall = time.perf_counter() - self._start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        controller = (after.ru_utime - self._children.ru_utime) + (after.ru_stime - self._children.ru_stime)
+        hosts = _lab_cpu_seconds(self.bridge) - self._lab
+        other = max(0.0, _machine_busy_seconds() - self._busy - controller - hosts)
+        self.timing = Timing(wall, controller, hosts, other)
+
+
+def timed_join(setup, bridge: str, *extra: str) -> tuple[Timing, subprocess.CompletedProcess]:
+    with Meter(bridge) as meter:
+        result = subprocess.run(joinlab.corral_join_argv(setup, *extra), env=joinlab.env_with(setup),
+                                capture_output=True, text=True, timeout=3600)
+    return meter.timing, result
+
+
+def timed_ping(setup, hosts, bridge: str) -> Timing:
     """`ansible -m ping` of the same hosts, through the same ssh settings: the floor."""
     argv = [str(Path(sys.executable).with_name("ansible")), "-i", ",".join(h.name for h in hosts) + ",",
             "all", "-m", "ansible.builtin.ping", "--forks", "50"]
     env = joinlab.env_with(setup) | {"ANSIBLE_CONFIG": str(ROOT / "ansible" / "ansible.cfg")}
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    busy = _machine_busy_seconds()
-    start = time.perf_counter()
-    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
-    wall = time.perf_counter() - start
+    with Meter(bridge) as meter:
+        result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     if result.returncode != 0:
         sys.exit(f"ansible ping failed:\n{result.stdout}{result.stderr}")
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    controller = (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)
-    return Timing(wall, controller, max(0.0, _machine_busy_seconds() - busy - controller))
+    return meter.timing
 
 
 def main() -> None:
@@ -130,18 +157,18 @@ def main() -> None:
                 try:
                     with tempfile.TemporaryDirectory() as tmp:
                         setup = joinlab.prepare(lab, repo, hosts, Path(tmp), gpu, [])
-                        first, result = timed_join(setup)
+                        first, result = timed_join(setup, config.bridge)
                         if result.returncode != 0:
                             sys.exit(f"join of {size} hosts failed:\n{result.stdout}{result.stderr}")
-                        again, result = timed_join(setup)
+                        again, result = timed_join(setup, config.bridge)
                         if result.returncode != 0:
                             sys.exit(f"re-run on {size} hosts failed:\n{result.stdout}{result.stderr}")
                         if f"{size} up to date (not run)" not in result.stdout:
                             sys.exit(f"the no-change re-run on {size} hosts ran roles:\n{result.stdout}")
-                        forced, result = timed_join(setup, "--force")
+                        forced, result = timed_join(setup, config.bridge, "--force")
                         if result.returncode != 0:
                             sys.exit(f"forced re-run on {size} hosts failed:\n{result.stdout}{result.stderr}")
-                        ping = timed_ping(setup, hosts)
+                        ping = timed_ping(setup, hosts, config.bridge)
                         rows.append((size, {"join": first, "re-run": again, "forced": forced, "ping": ping}))
                 finally:
                     for host in hosts:
@@ -150,12 +177,14 @@ def main() -> None:
             repo.stop()
     limit = f"{args.host_cpus} cores each (cgroup quota)" if args.host_cpus else "sharing all cores"
     print(f"test hosts: {limit}; machine: {os.cpu_count()} cores")
-    print("wall s | controller CPU s (per host) | test hosts' CPU s | CPU floor s (all CPU / cores)")
-    print(f"{'hosts':>5} {'run':>9} {'wall':>7} {'ctl cpu':>8} {'ctl/host':>9} {'host cpu':>9} {'floor':>7}")
+    print("wall s | controller CPU s (per host) | test hosts' CPU s (per host) | CPU floor s (join CPU / cores) "
+          "| other CPU s (the rest of the machine meanwhile: should be ~0)")
+    print(f"{'hosts':>5} {'run':>9} {'wall':>7} {'ctl cpu':>8} {'ctl/host':>9} {'host cpu':>9} {'host/host':>9} "
+          f"{'floor':>7} {'other':>7}")
     for size, runs in rows:
         for label, t in runs.items():
             print(f"{size:>5} {label:>9} {t.wall:>7.1f} {t.controller_cpu:>8.1f} {t.controller_cpu / size:>9.2f} "
-                  f"{t.hosts_cpu:>9.1f} {t.floor:>7.1f}")
+                  f"{t.hosts_cpu:>9.1f} {t.hosts_cpu / size:>9.2f} {t.floor:>7.1f} {t.other_cpu:>7.1f}")
         print(f"{size:>5} no-change re-run / ansible ping: {runs['re-run'].wall / runs['ping'].wall:.2f}x "
               f"(target <= 3x)")
     if len(rows) > 1:

@@ -55,6 +55,11 @@ EPHEMERAL_VARS = frozenset({"corral_join_token"})
 # Modules whose results name a file the roles manage (`dest` or `path`).
 FILE_MODULES = frozenset({"template", "copy", "get_url", "replace", "lineinfile", "blockinfile", "ini_file"})
 PACKAGE_MODULES = frozenset({"apt", "package"})
+# The roles ask dpkg about the packages they want before installing any
+# (roles/corral_common/tasks/packages.yml); after a successful run those are
+# installed, also when no apt task ran because nothing was missing.
+COMMAND_MODULES = frozenset({"command"})
+_PACKAGE_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]*")
 SERVICE_MODULES = frozenset({"systemd_service", "systemd", "service"})
 _TEMPLATE_DIR_REFERENCE = re.compile(r"corral/templates/([A-Za-z0-9_-]+)/")
 
@@ -83,7 +88,9 @@ def roles_digest(ansible_dir: Path) -> str:
     """
     ansible_dir = Path(ansible_dir)
     digest = hashlib.sha256()
-    files = [p for p in ansible_dir.rglob("*") if p.is_file()]
+    # Documentation (role READMEs) changes nothing on a host: a docs edit
+    # must not send the whole fleet through its roles again.
+    files = [p for p in ansible_dir.rglob("*") if p.is_file() and p.suffix != ".md"]
     _digest_files(digest, ansible_dir, files)
     folders = sorted({m.group(1) for p in files if p.suffix in (".yml", ".yaml", ".j2", ".cfg")
                       for m in _TEMPLATE_DIR_REFERENCE.finditer(p.read_text(errors="ignore"))})
@@ -146,8 +153,12 @@ class AppliedState:
         elif module in PACKAGE_MODULES and args.get("state", "present") in ("present", "latest", None):
             names = args.get("name") or args.get("pkg") or []
             for name in [names] if isinstance(names, str) else names:
-                if isinstance(name, str) and re.fullmatch(r"[a-z0-9][a-z0-9+.-]*(=.*)?", name):
+                if isinstance(name, str) and _PACKAGE_NAME.fullmatch(name.split("=", 1)[0]):
                     self.packages.add(name.split("=", 1)[0])
+        elif module in COMMAND_MODULES and isinstance(args.get("argv"), list) and args["argv"][:2] == ["dpkg-query", "-W"]:
+            # dpkg-query -W -f=FORMAT NAME...: plain names only (not patterns)
+            self.packages.update(name for name in args["argv"][2:]
+                                 if isinstance(name, str) and _PACKAGE_NAME.fullmatch(name))
         elif module in SERVICE_MODULES and isinstance(args.get("name"), str):
             if args.get("enabled") is True:
                 self.enabled.add(args["name"])

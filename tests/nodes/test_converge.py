@@ -82,6 +82,10 @@ def trees(tmp_path, monkeypatch):
 def test_roles_and_the_templates_they_read_are_inputs_other_templates_are_not(trees):
     ansible, templates = trees
     base = converge.roles_digest(ansible)
+    # A role's README: documentation changes nothing on a host.
+    readme = ansible / "roles" / "arp_cache" / "README.md"
+    readme.write_text(readme.read_text() + "more words\n", encoding="utf-8")
+    assert converge.roles_digest(ansible) == base
     # A manifest template only the cloud add-ons use: on-prem hosts stay put.
     (templates / "manifests" / "flannel.yaml.j2").write_text("# edited\n", encoding="utf-8")
     assert converge.roles_digest(ansible) == base
@@ -109,6 +113,11 @@ def test_the_runs_events_say_what_the_roles_manage():
         _event("h1", "ansible.builtin.copy", {"dest": "/etc/gone", "state": "absent"}),
         _event("h1", "ansible.builtin.apt", {"name": ["kubeadm=1.31.4-*", "kubelet=1.31.4-*"], "state": "present"}),
         _event("h1", "ansible.builtin.apt", {"name": "old-thing", "state": "absent"}),
+        # The roles' dpkg-query before installing: on a re-run nothing is
+        # installed, yet the packages are the roles'. Patterns are not names.
+        _event("h1", "ansible.builtin.command",
+               {"argv": ["dpkg-query", "-W", "-f=${Package}\t${Version}\n", "containerd", "nvidia-fabricmanager*"]}),
+        _event("h1", "ansible.builtin.command", {"argv": ["systemctl", "is-active", "notapackage"]}),
         _event("h1", "ansible.builtin.systemd_service", {"name": "kubelet", "enabled": True, "state": None}),
         _event("h1", "ansible.builtin.systemd_service", {"name": "containerd", "enabled": None, "state": "restarted"}),
         _event("h1", "ansible.builtin.systemd_service", {"name": None, "daemon_reload": True}),
@@ -122,7 +131,7 @@ def test_the_runs_events_say_what_the_roles_manage():
         collector(event)
     h1 = collector.hosts["h1"]
     assert h1.files == {"/etc/crictl.yaml", "/etc/containerd/config.toml"}
-    assert h1.packages == {"kubeadm", "kubelet"}
+    assert h1.packages == {"kubeadm", "kubelet", "containerd"}
     assert h1.enabled == {"kubelet"} and h1.active == {"containerd"}
     assert collector.hosts["h2"].files == {"/etc/only-h2"}
 
