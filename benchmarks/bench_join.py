@@ -77,16 +77,24 @@ def _machine_busy_seconds() -> float:
 
 
 def _lab_cpu_seconds(bridge: str) -> float:
-    """CPU seconds used by every test host of the lab (its cgroup: v1 cpuacct or v2 cpu.stat)."""
+    """CPU seconds used by every test host of the lab, from the lab's cgroup.
+
+    The lab puts each host in `corral-hostlab-<bridge>/<machine>` in the
+    cgroup v2 hierarchy (mounted at /sys/fs/cgroup, or /sys/fs/cgroup/unified
+    next to v1 controllers), whose cpu.stat counts the hosts that were
+    removed too; a v1 cpuacct group is used where there is one.
+    """
     group = f"corral-hostlab-{bridge}"
     v1 = Path("/sys/fs/cgroup/cpuacct") / group / "cpuacct.usage"
     if v1.exists():
         return int(v1.read_text()) / 1e9
-    v2 = Path("/sys/fs/cgroup") / group / "cpu.stat"
-    for line in v2.read_text().splitlines():
-        if line.startswith("usage_usec "):
-            return int(line.split()[1]) / 1e6
-    raise RuntimeError(f"no CPU accounting for {group}")
+    for root in (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup")):
+        stat = root / group / "cpu.stat"
+        if stat.exists():
+            for line in stat.read_text().splitlines():
+                if line.startswith("usage_usec "):
+                    return int(line.split()[1]) / 1e6
+    raise RuntimeError(f"no CPU accounting found for the lab's cgroup {group}")
 
 
 class Meter:
