@@ -7,7 +7,8 @@ own machine identity (the bucket grants members create, nothing else).
 Objects: `<bucket>/<prefix>/<UTC time>-rev<revision>.db`, prefix `etcd` or
 `etcd-events`.
 
-Metrics (node_exporter textfile collector, METRICS_FILE):
+Metrics (node_exporter textfile collector, METRICS_FILE in TEXTFILE_DIR, which
+the member's node_exporter reads: corral/etcd/machine.py):
 `corral_etcd_snapshot_last_success_timestamp_seconds` per member (the max over
 members is the cluster's last snapshot), `..._leader`, `..._size_bytes`,
 `..._duration_seconds`, `..._last_run_timestamp_seconds`. `alert_rules`
@@ -25,7 +26,11 @@ from corral.model import Cluster
 SCRIPT_PATH = "/usr/local/sbin/corral-etcd-snapshot"
 SERVICE = "corral-etcd-snapshot.service"
 TIMER = "corral-etcd-snapshot.timer"
-METRICS_FILE = "/var/lib/node_exporter/textfile_collector/corral_etcd_snapshot.prom"
+# The one textfile directory of a member: the snapshot job and the disk
+# preflight write here, the member's node_exporter reads it
+# (--collector.textfile.directory, corral/etcd/machine.py).
+TEXTFILE_DIR = "/var/lib/node_exporter/textfile_collector"
+METRICS_FILE = f"{TEXTFILE_DIR}/corral_etcd_snapshot.prom"
 # On the root disk, not etcd's data disk: a full read of the database must
 # not also compete with the WAL's fsyncs for the data disk's IOPS.
 WORK_DIR = "/var/tmp/corral-etcd-snapshot"
@@ -148,16 +153,18 @@ def alert_rules(cluster: Cluster) -> dict:
                 "annotations": {"summary": f"{{{{ $labels.prefix }}}}: no member has run {TIMER} recently"},
             },
             {
-                # The two above compare series that exist: with none (the members'
-                # textfile metrics are not scraped, docs/etcd.md), they stay silent.
-                # Say so rather than pretend the snapshots are watched.
+                # The two above compare series that exist: with none (no member's
+                # node_exporter answers the global Prometheus's `etcd-members` job:
+                # not installed, firewalled, down), they stay silent. Say so rather
+                # than pretend the snapshots are watched.
                 "alert": "EtcdSnapshotMetricsAbsent",
                 "expr": "absent(corral_etcd_snapshot_last_run_timestamp_seconds)",
                 "for": "1h",
                 "labels": {"severity": "warning"},
                 "annotations": {
                     "summary": "No etcd member's snapshot job metrics reach Prometheus: snapshot age is not watched",
-                    "description": "The members write them for node_exporter's textfile collector; "
+                    "description": "The members write them for node_exporter's textfile collector, "
+                                   "scraped by the job etcd-members (up{job=\"etcd-members\"}); "
                                    "see docs/etcd.md, Metrics and alerts.",
                 },
             },

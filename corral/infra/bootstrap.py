@@ -510,11 +510,11 @@ def render_etcd_cloud_init(
         ), "0755"),
     ]
     role = "etcd events member" if events else "etcd member"
-    # The snapshot job and the disk preflight, the same on every cloud (corral/etcd/machine.py;
+    # The snapshot job, the disk preflight and node_exporter, the same on every cloud (corral/etcd/machine.py;
     # imported here because it renders through this module).
     from corral.etcd.machine import MEMBER_COMMANDS, member_files
 
-    files += member_files(cluster, events)
+    files += member_files(cluster, member, events)
     commands = ["/usr/local/sbin/corral-etcd-data-disk", "/usr/local/sbin/corral-install-etcd", *MEMBER_COMMANDS]
     return cloud_config(role, member.name, files, commands, ref, etcd_boot_commands())
 

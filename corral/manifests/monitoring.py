@@ -8,7 +8,8 @@ Layout (docs/monitoring.md has the argument and the 7,500-node figures):
   its own address; nothing goes through the API server. Each shard records
   small per-node and per-namespace aggregates of what it scrapes.
 - `prometheus-global` (StatefulSet, two replicas): kube-state-metrics, the API
-  servers' own /metrics, and the shards' aggregates by federation. Team,
+  servers' own /metrics, node_exporter on the etcd members (outside
+  Kubernetes: the snapshot metrics), and the shards' aggregates by federation. Team,
   billing and health rules run here; Grafana and `corral usage` query it.
 
 Billing (from the seeds): pods' requested resources over time, rolled up by
@@ -223,6 +224,15 @@ APISERVER_KEEP = (
     # Certificates clients present: ClientCertificateExpiringSoon (corral/certs/rules.py).
     "apiserver_client_certificate_expiration_seconds_bucket",
 )
+# What the global Prometheus keeps of the etcd members' node_exporters (job
+# etcd-members): the snapshot job's and the disk preflight's textfile metrics
+# and the collector's own health, and the members' disks and memory. A few
+# hundred series per member (a cluster has 3 to 14 members): the sizing
+# leaves them out, as it does the Prometheus servers' own series.
+ETCD_MEMBER_KEEP = (
+    "corral_.+", "node_textfile_.+", "node_filesystem_(avail|size)_bytes", "node_disk_.+",
+    "node_memory_(MemAvailable|MemTotal)_bytes", "node_load(1|5|15)",
+)
 # Raw series the global Prometheus federates from the shards: the recorded
 # aggregates (level `node:` / `namespace:`), and the GPU fault counters the
 # health alerts (corral/health/rules.py) need per GPU.
@@ -397,8 +407,23 @@ def global_config(cluster: Cluster, shards: int) -> str:
             ],
             "metric_relabel_configs": [{"regex": "prometheus_replica", "action": "labeldrop"}],
         },
+        etcd_members_job(cluster),
     ]
     return _config(cluster, GLOBAL_NAME, "corral-rules.yml", jobs)
+
+
+def etcd_members_job(cluster: Cluster) -> dict:
+    """node_exporter on every etcd member (VMs outside Kubernetes: static targets
+    from the cluster's layout, each labelled `member` and `etcd_cluster`), for the
+    snapshot alerts (corral/etcd/snapshot.py). Reached from the node Prometheus
+    runs on: the cloud firewalls open 9100 to the members from the nodes only."""
+    from corral.etcd.machine import SCRAPE_JOB, scrape_targets
+
+    return {
+        "job_name": SCRAPE_JOB,
+        "static_configs": scrape_targets(cluster),
+        "metric_relabel_configs": _keep(ETCD_MEMBER_KEEP),
+    }
 
 
 # --- recording rules -------------------------------------------------------------------
@@ -522,7 +547,8 @@ def control_plane_rule_groups(cluster: Cluster) -> list[dict]:
     """Alerts about the control plane outside Kubernetes, on the global Prometheus:
     etcd snapshot age (corral/etcd/snapshot.py) and certificate expiry
     (corral/certs/rules.py), both promtool-tested where they are defined.
-    docs/etcd.md says which of their series are scraped today."""
+    The snapshot metrics come from the `etcd-members` job; docs/etcd.md says
+    which of the certificate alerts' series are scraped today."""
     from corral.certs.rules import rule_groups as certificate_rule_groups
     from corral.etcd.snapshot import alert_rules as etcd_snapshot_rules
 

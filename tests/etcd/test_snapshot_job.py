@@ -102,7 +102,8 @@ def test_snapshot_age_alert_with_promtool(tmp_path):
                     "exp_annotations": {
                         "summary": "No etcd member's snapshot job metrics reach Prometheus: "
                                    "snapshot age is not watched",
-                        "description": "The members write them for node_exporter's textfile collector; "
+                        "description": "The members write them for node_exporter's textfile collector, "
+                                       "scraped by the job etcd-members (up{job=\"etcd-members\"}); "
                                        "see docs/etcd.md, Metrics and alerts.",
                     },
                 }]},
@@ -155,7 +156,10 @@ def test_bucket_components_are_versioned_expire_and_grant_members_create_only():
 def test_member_files_carry_the_join_check_before_the_probe():
     from corral.etcd.machine import JOIN_PATH, PREFLIGHT_DROP_IN, PROBE_PATH, member_files
 
-    files = {f.path: f for f in member_files(cluster("heron"))}
+    from corral.model.layout import layout
+
+    heron = cluster("heron")
+    files = {f.path: f for f in member_files(heron, layout(heron).etcd_members[0])}
     drop_in = files[PREFLIGHT_DROP_IN].content
     assert drop_in.index(JOIN_PATH) < drop_in.index(PROBE_PATH)
     assert f"{JOIN_PATH} /etc/etcd/etcd.conf.yaml /var/lib/etcd" in drop_in

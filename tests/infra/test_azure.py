@@ -303,6 +303,34 @@ def test_etcd_ports_only_from_members_and_api_servers(variant: str, request):
     assert opened == 1
 
 
+@pytest.mark.parametrize("variant", ["jaguar", "varied"])
+def test_etcd_members_node_exporter_only_from_the_nodes(variant: str, request):
+    """9100/tcp to the etcd members (their node-exporter, for the in-cluster
+    Prometheus; the events cluster's too): one rule, from the node subnets, the
+    sites and the API servers, nothing else."""
+    plan: Plan = request.getfixturevalue(variant)
+    cluster, lay = plan.ctx.cluster, plan.ctx.layout
+    members = [m.ip for m in (*lay.etcd_members, *lay.events_members)]
+    assert (len(lay.events_members) > 0) == (variant == "varied")
+    opened = []
+    for nsg, rules in _rules(plan).items():
+        for rule in rules:
+            ports = _ports(rule)
+            if rule["access"] != "Allow" or rule["protocol"] == "Icmp" or (ports is not None and 9100 not in ports):
+                continue
+            if any(_covers(d, ip) for d in _prefixes(rule, "destination") for ip in members):
+                opened.append((nsg, rule))
+    assert [(nsg, rule["name"]) for nsg, rule in opened] == [("jaguar-control-nsg", "allow-etcd-node-exporter")]
+    (_, rule), = opened
+    assert (rule["protocol"], _ports(rule)) == ("Tcp", {9100})
+    assert set(_prefixes(rule, "destination")) == {f"{ip}/32" for ip in members}
+    node_subnets = {z.node_subnet for z in lay.zones}
+    site_cidrs = {c for s in cluster.sites for c in s.cidrs}
+    assert site_cidrs
+    api_hosts = {f"{m.ip}/32" for m in lay.api_servers}
+    assert set(_prefixes(rule, "source")) == node_subnets | site_cidrs | api_hosts
+
+
 def test_api_port_open_to_vnet_and_sites(jaguar: Plan):
     cluster, lay = jaguar.ctx.cluster, jaguar.ctx.layout
     rules = [r for r in _rules(jaguar)["jaguar-control-nsg"] if r["access"] == "Allow" and _ports(r) == {6443}]

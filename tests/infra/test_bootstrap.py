@@ -113,7 +113,8 @@ def test_etcd_member_config(cluster_variant):
     unit = files["/etc/systemd/system/etcd.service"]["content"]
     assert "RequiresMountsFor=/var/lib/etcd" in unit and "--config-file /etc/etcd/etcd.conf.yaml" in unit
     assert commands == [FETCH, "/usr/local/sbin/corral-etcd-data-disk", "/usr/local/sbin/corral-install-etcd",
-                        "systemctl daemon-reload && systemctl enable --now corral-etcd-snapshot.timer"]
+                        "systemctl daemon-reload && systemctl enable --now corral-etcd-snapshot.timer",
+                        "/usr/local/sbin/corral-install-node-exporter"]
 
 
 def test_events_members_are_their_own_etcd_cluster(cluster_variant):
@@ -402,11 +403,12 @@ def test_every_boot_script_is_valid_bash(name, tmp_path):
         for path, file in cloud_config(document)[0].items()
         if file["content"].startswith("#!/bin/bash")
     ]
-    # Every machine: fetch-secrets; etcd: data disk + install etcd + snapshot job; per API server:
+    # Every machine: fetch-secrets; etcd: data disk + install etcd + snapshot job + install
+    # node_exporter; per API server:
     # node-prep, provider ID, pod metadata block, hairpin, its script (on AWS also
     # the API load balancer's DNS name); pool: node-prep, provider ID, metadata block, its script.
     per_api_server = 1 + (6 if cluster.control_plane.cloud == "aws" else 5)
-    assert len(scripts) == (1 + 3) + 2 * per_api_server + (1 + 4)
+    assert len(scripts) == (1 + 4) + 2 * per_api_server + (1 + 4)
     for number, (path, text) in enumerate(scripts):
         script = tmp_path / f"{number}.sh"
         script.write_text(text)

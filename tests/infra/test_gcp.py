@@ -410,6 +410,24 @@ def test_etcd_ports_are_never_open_to_the_world(ibis, tmp_path):
             assert "0.0.0.0/0" not in (r.get("sourceRanges") or []), r["name"]
 
 
+def test_etcd_members_node_exporter_only_from_the_nodes(ibis, tmp_path):
+    """9100/tcp to tag etcd (the members' node-exporter, for the in-cluster Prometheus):
+    one rule, from the node subnets, the sites and tag apiserver, nothing else."""
+    sited = load_variant(tmp_path, with_sites)
+    for cluster, rec in ((ibis[0], ibis[1]), (sited, run(full_program(sited))[0])):
+        rules = firewall_rules(rec)
+        to_members = [r for r in rules.values()
+                      if opens(r, "tcp", 9100) and (not r.get("targetTags") or "etcd" in r["targetTags"])]
+        assert [r["name"] for r in to_members] == ["ibis-etcd-node-exporter"]
+        (rule,) = to_members
+        assert rule["allows"] == [{"protocol": "tcp", "ports": ["9100"]}]
+        assert rule["targetTags"] == ["etcd"] and rule["sourceTags"] == ["apiserver"]
+        sites = [c for s in cluster.sites for c in s.cidrs]
+        assert (len(sites) > 0) == (cluster is sited)
+        node_cidrs = [z.node_subnet for z in ClusterContext.of(cluster).layout.zones]
+        assert sorted(rule["sourceRanges"]) == sorted(node_cidrs + sites)
+
+
 def test_api_kubelet_and_flannel_rules(tmp_path):
     cluster = load_variant(tmp_path, with_sites)
     rec, parts = run(full_program(cluster))

@@ -123,7 +123,7 @@ def test_7500_nodes_make_eight_shards_each_keeping_its_hash(tmp_path):
             assert keep == {"source_labels": [hashmod["target_label"]], "regex": str(shard), "action": "keep"}
     # Per-node targets only on the shards; cluster-wide ones only on the global server.
     global_jobs = {j["job_name"] for j in files["prometheus.yml"]["scrape_configs"]}
-    assert global_jobs == {"kube-state-metrics", "apiserver", "federate-shards"}
+    assert global_jobs == {"kube-state-metrics", "apiserver", "federate-shards", "etcd-members"}
     federate = next(j for j in files["prometheus.yml"]["scrape_configs"] if j["job_name"] == "federate-shards")
     assert federate["static_configs"][0]["targets"] == [
         f"prometheus-shard-{i}.{NS}.svc:9090" for i in range(8)]

@@ -34,7 +34,9 @@ class Network(pulumi.ComponentResource):
       which forwards from its own addresses), the node subnets and every site;
       and the node rules below (kubeadm makes API servers nodes running
       flannel, the autoscaler and whatever else tolerates their taint).
-    - etcd (members): 2379-2380/tcp from the etcd and api groups only.
+    - etcd (members): 2379-2380/tcp from the etcd and api groups only;
+      9100/tcp (the members' node-exporter) from the node subnets, the sites
+      and the api group: the Kubernetes nodes, where Prometheus runs.
     - nodes (cloud pools): 10250/tcp (kubelet), 9100/tcp (node-exporter)
       and flannel's UDP port from the node subnets, the sites and the api
       group; with flannel direct routing all traffic from the pod network
@@ -223,13 +225,21 @@ class Network(pulumi.ComponentResource):
             ("node-exporter", "tcp", node_exporter, "node-exporter"),
             ("flannel", "udp", flannel_ports, "flannel VXLAN"),
         )
+        def from_nodes(role: str, sg: aws.ec2.SecurityGroup, kind: str, protocol: str, ports: tuple[int, int],
+                       what: str, zone_prefix: tuple[str, ...] = ()) -> None:
+            for zone, cidr in node_subnets:
+                allow(sg, rn(role, kind, *zone_prefix, zone), protocol, ports, f"{what} from nodes in {zone}", cidr=cidr)
+            for i, (site, cidr) in enumerate(site_cidrs):
+                allow(sg, rn(role, kind, site, str(i)), protocol, ports, f"{what} from site {site}", cidr=cidr)
+            allow(sg, rn(role, kind, "api"), protocol, ports, f"{what} from API servers", source=api)
+
         for role, sg, zone_prefix in (("api", api, ("nodes",)), ("nodes", node, ())):
             for kind, protocol, ports, what in node_services:
-                for zone, cidr in node_subnets:
-                    allow(sg, rn(role, kind, *zone_prefix, zone), protocol, ports, f"{what} from nodes in {zone}", cidr=cidr)
-                for i, (site, cidr) in enumerate(site_cidrs):
-                    allow(sg, rn(role, kind, site, str(i)), protocol, ports, f"{what} from site {site}", cidr=cidr)
-                allow(sg, rn(role, kind, "api"), protocol, ports, f"{what} from API servers", source=api)
+                from_nodes(role, sg, kind, protocol, ports, what, zone_prefix)
+        # The etcd members' node_exporter (their snapshot metrics, corral/etcd/machine.py),
+        # for the in-cluster Prometheus: from the Kubernetes nodes only, as above
+        # (pods' traffic leaves a node with the node's address: flannel --ip-masq).
+        from_nodes("etcd", etcd, "node-exporter", "tcp", node_exporter, "node-exporter of etcd members")
         if cluster.network.flannel.direct_routing:
             allow(node, rn("nodes", "pods"), "-1", None, "flannel direct routing: pod traffic between hosts of a subnet",
                   cidr=cluster.kubernetes.pod_cidr)

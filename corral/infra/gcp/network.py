@@ -70,6 +70,9 @@ class Network(pulumi.ComponentResource):
     - `<c>-apiserver-health`: 6443/tcp from Google's health-check ranges.
     - `<c>-etcd`: 2379-2380/tcp only from tags `etcd` and `apiserver` (never a
       CIDR, never 0.0.0.0/0), to tag `etcd`.
+    - `<c>-etcd-node-exporter`: 9100/tcp (the members' node-exporter) from the
+      node subnets, the sites and tag `apiserver` (the Kubernetes nodes, where
+      Prometheus runs), to tag `etcd`.
     - `<c>-overlay`: 10250/tcp (kubelet), 9100/tcp (node-exporter) and
       flannel's UDP port from the node subnets, the sites and tag `apiserver` (kubectl logs/exec; API servers
       reach webhook pods over the overlay), to tags `node` and `apiserver`.
@@ -200,7 +203,18 @@ class Network(pulumi.ComponentResource):
                 source_tags=[TAG_ETCD, TAG_APISERVER],
                 target_tags=[TAG_ETCD],
             ),
+            # The members' node-exporter (snapshot metrics, corral/etcd/machine.py) for
+            # the in-cluster Prometheus: from the Kubernetes nodes only, as "overlay"
+            # (pods' traffic leaves a node with the node's address: flannel --ip-masq).
             # source_ranges and source_tags together match either (GCP ORs them).
+            "etcd-node-exporter": firewall(
+                "etcd-node-exporter",
+                "node-exporter of etcd members (snapshot metrics) from nodes, API servers and the sites",
+                [{"protocol": "tcp", "ports": [str(NODE_EXPORTER_PORT)]}],
+                source_ranges=_unique([*node_cidrs, *site_cidrs]),
+                source_tags=[TAG_APISERVER],
+                target_tags=[TAG_ETCD],
+            ),
             "overlay": firewall(
                 "overlay",
                 "kubelet, node-exporter and flannel between nodes, API servers and the sites",
