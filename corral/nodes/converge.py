@@ -51,7 +51,9 @@ CORRAL_TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 VERDICT_PREFIX = "corral-converge:"
 UP_TO_DATE = "up to date"
 # Variables that change every run and do not change what a host should be.
-EPHEMERAL_VARS = frozenset({"corral_join_token"})
+# (the bootstrap token, and the path of the drain credential `corral join`
+# makes for the run: corral/upgrade/join_drain.py)
+EPHEMERAL_VARS = frozenset({"corral_join_token", "corral_runner_kubeconfig"})
 # Modules whose results name a file the roles manage (`dest` or `path`).
 FILE_MODULES = frozenset({"template", "copy", "get_url", "replace", "lineinfile", "blockinfile", "ini_file"})
 PACKAGE_MODULES = frozenset({"apt", "package"})

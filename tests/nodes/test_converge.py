@@ -36,10 +36,14 @@ def _hosts_by_pool(cluster):
     return pools
 
 
-def test_fingerprint_is_stable_and_ignores_the_runs_token(jaguar):
+def test_fingerprint_is_stable_and_ignores_the_runs_token_and_drain_credential(jaguar):
     hosts = list(host_pool(jaguar))
-    first = converge.desired_fingerprints(jaguar, hosts, MATERIAL | {"corral_join_token": "aaaaaa.1"}, [], ansible_dir())
-    again = converge.desired_fingerprints(jaguar, hosts, MATERIAL | {"corral_join_token": "bbbbbb.2"}, [], ansible_dir())
+    first = converge.desired_fingerprints(
+        jaguar, hosts, MATERIAL | {"corral_join_token": "aaaaaa.1", "corral_runner_kubeconfig": "/tmp/a/kubeconfig"},
+        [], ansible_dir())
+    again = converge.desired_fingerprints(
+        jaguar, hosts, MATERIAL | {"corral_join_token": "bbbbbb.2", "corral_runner_kubeconfig": "/tmp/b/kubeconfig"},
+        [], ansible_dir())
     assert first == again
     assert len(set(first.values())) == len(hosts)  # the host's own name is an input
 
