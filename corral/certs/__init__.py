@@ -9,5 +9,7 @@ Ansible, certificate blocks only, never keys). `expiry` turns PEM into rows
 and flags those within the warning window; `rules` is the alert for the same
 window; `kubeconfig` issues short-lived operator credentials through the
 CertificateSigningRequest API; `renew` picks the API servers whose kubeadm
-certificates are due for `corral upgrade --renew-certs`. See docs/upgrades.md.
+certificates are due for `corral upgrade --renew-certs`; `machine` is the
+API servers' own hourly job writing their kubeadm certificates' expiry for
+the cluster's node-exporter. See docs/upgrades.md.
 """

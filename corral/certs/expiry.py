@@ -16,7 +16,7 @@ _PEM = re.compile(r"-----BEGIN CERTIFICATE-----[A-Za-z0-9+/=\s]+?-----END CERTIF
 
 @dataclass(frozen=True)
 class CertRecord:
-    source: str         # state | network | node
+    source: str         # state | network | node | machine (an API server's own job: machine.py)
     where: str          # the resource, endpoint or host:path
     subject: str
     issuer: str

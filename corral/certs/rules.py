@@ -4,7 +4,9 @@ Three sources, so every certificate corral lists is covered:
 * `corral_certificate_expiry_timestamp_seconds{source, where, subject}`: what
   `corral certs CLUSTER --metrics FILE` writes (node-exporter's textfile
   collector, or any file Prometheus scrapes): the state's, the API servers'
-  and etcd members' presented, and the on-prem nodes' certificates;
+  and etcd members' presented, and the on-prem nodes' certificates; and,
+  source="machine", what each API server's hourly job (machine.py) writes
+  for the cluster's node-exporter: kubeadm's certificates on it;
 * `kubelet_certificate_manager_client_ttl_seconds` /
   `kubelet_certificate_manager_server_ttl_seconds`: each kubelet's own
   (rotation should keep them far from zero; when it stops, they run down);

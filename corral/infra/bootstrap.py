@@ -710,7 +710,13 @@ def render_api_server_cloud_init(cluster: Cluster, lay: Layout, index: int, ref:
     image = coscheduling_image(cluster)
     if image:
         files.append(File("/etc/kubernetes/patches/kube-scheduler+strategic.yaml", scheduler_image_patch(image)))
-    return cloud_config("API server", server.name, files, ["/usr/local/sbin/corral-api-server"], ref)
+    # The expiry of kubeadm's certificates on this machine, hourly, for the cluster's
+    # node-exporter (corral/certs/machine.py; imported here: it renders through this module).
+    from corral.certs.machine import ENABLE_COMMAND as CERT_METRICS_ENABLE, expiry_metrics_files
+
+    files += expiry_metrics_files(server.name)
+    commands = ["/usr/local/sbin/corral-api-server", CERT_METRICS_ENABLE]
+    return cloud_config("API server", server.name, files, commands, ref)
 
 
 # --- Cloud pool nodes -----------------------------------------------------------

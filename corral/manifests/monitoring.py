@@ -235,11 +235,13 @@ ETCD_MEMBER_KEEP = (
     "node_memory_(MemAvailable|MemTotal)_bytes", "node_load(1|5|15)",
 )
 # Raw series the global Prometheus federates from the shards: the recorded
-# aggregates (level `node:` / `namespace:`), and the GPU fault counters the
-# health alerts (corral/health/rules.py) need per GPU.
+# aggregates (level `node:` / `namespace:`), the GPU fault counters the
+# health alerts (corral/health/rules.py) need per GPU, and the certificate
+# expiry the API servers' node-exporters serve (corral/certs/machine.py: ~11
+# series per API server) for CertificateExpiringSoon.
 FEDERATED = (
     "node:.+", "namespace:.+", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-    "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE", "corral_certificate_expiry_timestamp_seconds",
 )
 
 
@@ -411,6 +413,14 @@ def global_config(cluster: Cluster, shards: int) -> str:
         etcd_members_job(cluster),
     ]
     return _config(cluster, GLOBAL_NAME, "corral-rules.yml", jobs)
+
+
+def node_textfile_dir() -> str:
+    """The hosts' directory the node-exporter DaemonSet's textfile collector reads:
+    the one corral's machine jobs write (the etcd members' own node_exporter reads it too)."""
+    from corral.etcd.snapshot import TEXTFILE_DIR
+
+    return TEXTFILE_DIR
 
 
 def etcd_members_job(cluster: Cluster) -> dict:

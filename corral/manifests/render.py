@@ -299,6 +299,7 @@ def monitoring_stack(cluster: Cluster) -> list[dict]:
         gpu=gpu,
         gpu_node_selector=policy.gpu_node_selector(),
         gpu_tolerations=policy.gpu_tolerations(cluster),
+        textfile_dir=monitoring.node_textfile_dir(),
         images={
             "prometheus": versions.PROMETHEUS,
             "node_exporter": versions.NODE_EXPORTER,

@@ -11,19 +11,21 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+def _name(common_name: str, organization: str | None = None) -> x509.Name:
+    organization_attribute = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization)] if organization else []
+    return x509.Name([*organization_attribute, x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
 def make_cert(common_name: str, days_left: float, *, ca: tuple | None = None, is_ca: bool = False,
-              dns_names: tuple[str, ...] = (), ip_addresses: tuple[str, ...] = ()) -> tuple[str, str, tuple]:
+              dns_names: tuple[str, ...] = (), ip_addresses: tuple[str, ...] = (),
+              organization: str | None = None) -> tuple[str, str, tuple]:
     """(cert PEM, key PEM, (cert, key) to sign others with)."""
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.now(timezone.utc)
     issuer_cert, issuer_key = ca if ca else (None, key)
     builder = (x509.CertificateBuilder()
-               .subject_name(_name(common_name))
-               .issuer_name(issuer_cert.subject if issuer_cert else _name(common_name))
+               .subject_name(_name(common_name, organization))
+               .issuer_name(issuer_cert.subject if issuer_cert else _name(common_name, organization))
                .public_key(key.public_key())
                .serial_number(x509.random_serial_number())
                .not_valid_before(now - timedelta(days=400))

@@ -20,6 +20,7 @@ from corral.infra.bootstrap import (
     render_pool_cloud_init,
     render_scheduler_config,
 )
+from corral.certs.machine import ENABLE_COMMAND as CERT_METRICS_ENABLE
 from corral.infra.platform import SecretRef
 from corral.model import load_fleet
 from corral.model.layout import layout
@@ -203,7 +204,8 @@ def test_first_api_server_inits_with_external_etcd_and_large_cluster_flags():
     join_at = script.index('join --config "$JOIN_CONFIG"')
     assert script.index('if [ -z "$ENDPOINT" ]') < init_at < script.index("exit 0") < join_at
     assert docs(files["/etc/kubernetes/kubeadm/join.yaml"]["content"])["JoinConfiguration"]["controlPlane"]
-    assert commands == [FETCH, "/usr/local/sbin/corral-api-server"]
+    # Then the hourly certificate expiry metrics (corral/certs/machine.py, tests/certs/test_machine_metrics.py).
+    assert commands == [FETCH, "/usr/local/sbin/corral-api-server", CERT_METRICS_ENABLE]
 
 
 def test_pre_issued_keys_go_to_kubeadms_pki_dir():
@@ -405,9 +407,10 @@ def test_every_boot_script_is_valid_bash(name, tmp_path):
     ]
     # Every machine: fetch-secrets; etcd: data disk + install etcd + snapshot job + install
     # node_exporter; per API server:
-    # node-prep, provider ID, pod metadata block, hairpin, its script (on AWS also
-    # the API load balancer's DNS name); pool: node-prep, provider ID, metadata block, its script.
-    per_api_server = 1 + (6 if cluster.control_plane.cloud == "aws" else 5)
+    # node-prep, provider ID, pod metadata block, hairpin, its script, certificate expiry
+    # metrics (on AWS also the API load balancer's DNS name); pool: node-prep, provider ID,
+    # metadata block, its script.
+    per_api_server = 1 + (7 if cluster.control_plane.cloud == "aws" else 6)
     assert len(scripts) == (1 + 4) + 2 * per_api_server + (1 + 4)
     for number, (path, text) in enumerate(scripts):
         script = tmp_path / f"{number}.sh"

@@ -1,0 +1,49 @@
+"""The API servers' own certificate expiry metrics: a script and an hourly timer on each.
+
+kubeadm issues the API servers' certificates on the machines (serving,
+kubelet and etcd client, front-proxy client, and the client certificates in
+controller-manager.conf, scheduler.conf, admin.conf), so no state holds them,
+and `corral certs --metrics` runs on an operator's machine. This job writes
+them where the cluster's own Prometheus reads them: TEXTFILE_DIR on the
+machine, which the monitoring add-on's node-exporter DaemonSet (on every
+node, API servers included) reads; the shards federate the metric to the
+global Prometheus, where `CertificateExpiringSoon` (rules.py) fires.
+
+Same series shape as `corral certs --metrics` (`rules.metrics_text`):
+source="machine", where="MACHINE:PATH", subject=the RFC 2253 subject.
+"""
+
+from __future__ import annotations
+
+from corral.etcd.snapshot import TEXTFILE_DIR
+from corral.infra.bootstrap import File, render
+
+from .rules import EXPIRY_METRIC
+
+SCRIPT_PATH = "/usr/local/sbin/corral-cert-expiry-metrics"
+SERVICE = "corral-cert-expiry-metrics.service"
+TIMER = "corral-cert-expiry-metrics.timer"
+METRICS_FILE = f"{TEXTFILE_DIR}/corral_certificates.prom"
+KUBERNETES_DIR = "/etc/kubernetes"
+SOURCE = "machine"
+# Hourly: a renewal by hand shows within the hour; the alert's window is 30 days.
+INTERVAL = "1h"
+FIRST_DELAY = "1min"
+# After the API server's boot script: kubeadm has issued the certificates by then.
+ENABLE_COMMAND = f"systemctl daemon-reload && systemctl enable --now {TIMER}"
+
+
+def render_script(where: str, kubernetes_dir: str = KUBERNETES_DIR, metrics_file: str = METRICS_FILE) -> str:
+    """The script for machine `where`; tests point the directories at temporary ones."""
+    return render("certs/cert-expiry-metrics.sh.j2", where=where, kubernetes_dir=kubernetes_dir,
+                  metrics_file=metrics_file, textfile_dir=TEXTFILE_DIR, metric=EXPIRY_METRIC, source=SOURCE, timer=TIMER)
+
+
+def expiry_metrics_files(where: str) -> list[File]:
+    """Script, service and timer for API server `where` (its layout name)."""
+    return [
+        File(SCRIPT_PATH, render_script(where), "0755"),
+        File(f"/etc/systemd/system/{SERVICE}", render("certs/cert-expiry-metrics.service.j2", script_path=SCRIPT_PATH)),
+        File(f"/etc/systemd/system/{TIMER}", render("certs/cert-expiry-metrics.timer.j2",
+                                                     interval=INTERVAL, first_delay=FIRST_DELAY)),
+    ]
