@@ -92,9 +92,10 @@ def test_member_node_exporter_serves_the_scripts_metrics_to_the_nodes(member):
     took = time.monotonic() - started
     print(f"[member-metrics] {NODE_EXPORTER_INSTALL}: {took:.1f} s")
     assert f"corral: node_exporter serves http://{member.ip}:9100/metrics" in install.stdout
+    assert "Setting up prometheus-node-exporter" in install.stdout  # Debian's package, installed by dpkg now
     # dpkg kept corral's settings; the exporter runs with them, as user prometheus, on the member's address only.
     assert f"--web.listen-address={member.ip}:9100" in member.run("cat /etc/default/prometheus-node-exporter").stdout
-    process = member.run("ps -o user=,args= -C prometheus-node-exporter").stdout
+    process = member.run("ps -o user:20=,args= -C prometheus-node-exporter").stdout
     assert process.split()[0] == "prometheus" and "--collector.textfile.directory=/var/lib/node_exporter/" in process
     listening = member.run("ss -Htln 'sport = :9100'").stdout.split()
     assert f"{member.ip}:9100" in listening and "0.0.0.0:9100" not in listening and "*:9100" not in listening
@@ -113,8 +114,10 @@ def test_member_node_exporter_serves_the_scripts_metrics_to_the_nodes(member):
     assert "node_textfile_scrape_error 0" in served
 
     # A reboot: the unit comes back with the same settings and still serves the files.
+    boot_id = member.run("cat /proc/sys/kernel/random/boot_id").stdout
     member.stop()
     member.start()
+    assert member.run("cat /proc/sys/kernel/random/boot_id").stdout != boot_id
     served = wait_scrape(f"{member.ip}:9100")
     assert 'corral_etcd_snapshot_last_success_timestamp_seconds{prefix="etcd"} 1.7e+09' in served
     assert member.run(f"systemctl is-enabled {NODE_EXPORTER_SERVICE}").stdout.strip() == "enabled"

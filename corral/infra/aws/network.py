@@ -225,6 +225,7 @@ class Network(pulumi.ComponentResource):
             ("node-exporter", "tcp", node_exporter, "node-exporter"),
             ("flannel", "udp", flannel_ports, "flannel VXLAN"),
         )
+
         def from_nodes(role: str, sg: aws.ec2.SecurityGroup, kind: str, protocol: str, ports: tuple[int, int],
                        what: str, zone_prefix: tuple[str, ...] = ()) -> None:
             for zone, cidr in node_subnets:
