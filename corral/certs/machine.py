@@ -1,4 +1,9 @@
-"""The API servers' own certificate expiry metrics: a script and an hourly timer on each.
+"""Certificate expiry metrics on the control-plane machines: a script and an hourly timer on each.
+
+On the API servers: the certificates kubeadm manages. On the etcd members:
+their server, peer and CA certificates (/etc/etcd/pki, issued by the Pulumi
+program for 3 years; node_exporter on the members reads the same textfile
+directory, and the global Prometheus scrapes them: corral/etcd/machine.py).
 
 kubeadm issues the API servers' certificates on the machines (serving,
 kubelet and etcd client, front-proxy client, and the client certificates in
@@ -25,6 +30,8 @@ SERVICE = "corral-cert-expiry-metrics.service"
 TIMER = "corral-cert-expiry-metrics.timer"
 METRICS_FILE = f"{TEXTFILE_DIR}/corral_certificates.prom"
 KUBERNETES_DIR = "/etc/kubernetes"
+# An etcd member's certificates are in /etc/etcd/pki (no kubeconfigs there).
+ETCD_DIR = "/etc/etcd"
 SOURCE = "machine"
 # Hourly: a renewal by hand shows within the hour; the alert's window is 30 days.
 INTERVAL = "1h"
@@ -35,16 +42,18 @@ FIRST_DELAY = "10s"
 ENABLE_COMMAND = f"systemctl daemon-reload && systemctl enable --now {TIMER}"
 
 
-def render_script(where: str, kubernetes_dir: str = KUBERNETES_DIR, metrics_file: str = METRICS_FILE) -> str:
-    """The script for machine `where`; tests point the directories at temporary ones."""
-    return render("certs/cert-expiry-metrics.sh.j2", where=where, kubernetes_dir=kubernetes_dir,
+def render_script(where: str, config_dir: str = KUBERNETES_DIR, metrics_file: str = METRICS_FILE,
+                  role: str = "API server") -> str:
+    """The script for machine `where`, reading `config_dir`/pki and `config_dir`/*.conf; tests point
+    the directories at temporary ones."""
+    return render("certs/cert-expiry-metrics.sh.j2", where=where, config_dir=config_dir, role=role,
                   metrics_file=metrics_file, textfile_dir=TEXTFILE_DIR, metric=EXPIRY_METRIC, source=SOURCE, timer=TIMER)
 
 
-def expiry_metrics_files(where: str) -> list[File]:
-    """Script, service and timer for API server `where` (its layout name)."""
+def expiry_metrics_files(where: str, config_dir: str = KUBERNETES_DIR, role: str = "API server") -> list[File]:
+    """Script, service and timer for control-plane machine `where` (its layout name)."""
     return [
-        File(SCRIPT_PATH, render_script(where), "0755"),
+        File(SCRIPT_PATH, render_script(where, config_dir, role=role), "0755"),
         File(f"/etc/systemd/system/{SERVICE}", render("certs/cert-expiry-metrics.service.j2", script_path=SCRIPT_PATH)),
         File(f"/etc/systemd/system/{TIMER}", render("certs/cert-expiry-metrics.timer.j2",
                                                      interval=INTERVAL, first_delay=FIRST_DELAY)),

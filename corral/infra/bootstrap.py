@@ -512,10 +512,14 @@ def render_etcd_cloud_init(
     role = "etcd events member" if events else "etcd member"
     # The snapshot job, the disk preflight and node_exporter, the same on every cloud (corral/etcd/machine.py;
     # imported here because it renders through this module).
+    from corral.certs.machine import ENABLE_COMMAND as CERT_METRICS_ENABLE, ETCD_DIR, expiry_metrics_files
     from corral.etcd.machine import MEMBER_COMMANDS, member_files
 
     files += member_files(cluster, member, events)
-    commands = ["/usr/local/sbin/corral-etcd-data-disk", "/usr/local/sbin/corral-install-etcd", *MEMBER_COMMANDS]
+    # Its certificates' expiry too, hourly, as on the API servers (corral/certs/machine.py).
+    files += expiry_metrics_files(member.name, ETCD_DIR, role)
+    commands = ["/usr/local/sbin/corral-etcd-data-disk", "/usr/local/sbin/corral-install-etcd",
+                CERT_METRICS_ENABLE, *MEMBER_COMMANDS]
     return cloud_config(role, member.name, files, commands, ref, etcd_boot_commands())
 
 

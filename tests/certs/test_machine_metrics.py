@@ -23,7 +23,7 @@ import yaml
 from corral.certs import machine
 from corral.certs.expiry import records_in
 from corral.certs.rules import EXPIRY_METRIC, metrics_text, rule_groups
-from corral.infra.bootstrap import render_api_server_cloud_init
+from corral.infra.bootstrap import render_api_server_cloud_init, render_etcd_cloud_init
 from corral.infra.platform import SecretRef
 from corral.manifests import monitoring
 from corral.model import load_fleet
@@ -201,25 +201,59 @@ def test_units_pass_systemd_analyze_verify(tmp_path):
     assert "OnActiveSec=10s\n" in (tmp_path / machine.TIMER).read_text()
 
 
-@pytest.mark.parametrize("name", sorted(FLEET.clusters))
-def test_every_api_server_runs_the_job_hourly_after_its_boot(name):
-    cluster = FLEET.clusters[name]
+def control_plane_user_data(cluster):
+    """(machine, its certificates' directory, its cloud-init) of every API server and etcd member."""
     lay = layout(cluster)
     ref = SecretRef(cluster.control_plane.cloud, "store", "secret")
     for server in lay.api_servers:
-        document = yaml.safe_load(render_api_server_cloud_init(cluster, lay, server.index, ref))
+        yield server.name, machine.KUBERNETES_DIR, yaml.safe_load(render_api_server_cloud_init(cluster, lay, server.index, ref))
+    for member in lay.etcd_members:
+        yield member.name, machine.ETCD_DIR, yaml.safe_load(render_etcd_cloud_init(cluster, member, lay.etcd_members, ref))
+
+
+@pytest.mark.parametrize("name", sorted(FLEET.clusters))
+def test_every_control_plane_machine_runs_the_job_hourly_after_its_boot(name):
+    for where, config_dir, document in control_plane_user_data(FLEET.clusters[name]):
         files = {f["path"]: f for f in document["write_files"]}
         script = files[machine.SCRIPT_PATH]
         assert script["permissions"] == "0755"
-        assert f"MACHINE={server.name}\n" in script["content"]
+        assert f"MACHINE={where}\n" in script["content"]
         assert f"METRICS={monitoring.node_textfile_dir()}/corral_certificates.prom\n" in script["content"]
-        assert "KUBERNETES_DIR=/etc/kubernetes\n" in script["content"]
+        assert f"CONFIG_DIR={config_dir}\n" in script["content"]
         timer = files[f"/etc/systemd/system/{machine.TIMER}"]["content"]
         assert "OnUnitActiveSec=1h\n" in timer and "WantedBy=timers.target" in timer
         assert f"ExecStart={machine.SCRIPT_PATH}\n" in files[f"/etc/systemd/system/{machine.SERVICE}"]["content"]
-        # Enabled once kubeadm has issued the certificates (the boot script before it).
         commands = document["runcmd"]
-        assert commands[-2:] == ["/usr/local/sbin/corral-api-server", machine.ENABLE_COMMAND]
+        if config_dir == machine.KUBERNETES_DIR:
+            # Enabled once kubeadm has issued the certificates (the boot script before it).
+            assert commands[-2:] == ["/usr/local/sbin/corral-api-server", machine.ENABLE_COMMAND]
+        else:
+            # After etcd's install (its certificates came with the secrets before);
+            # node_exporter's install stays last (corral/etcd/machine.py).
+            assert commands.index(machine.ENABLE_COMMAND) == commands.index("/usr/local/sbin/corral-install-etcd") + 1
+            assert commands[-1] == "/usr/local/sbin/corral-install-node-exporter"
+
+
+def test_an_etcd_members_certificates_are_written_from_etc_etcd(tmp_path):
+    """A member's /etc/etcd: pki/{ca,server,peer}.crt and keys, etcd.conf.yaml (no kubeconfigs)."""
+    root = tmp_path / "etc-etcd"
+    (root / "pki").mkdir(parents=True)
+    ca_pem, _, ca = make_cert("etcd-ca", 3650, is_ca=True)
+    certs = {"pki/ca.crt": ca_pem, "pki/server.crt": make_cert("heron-etcd-0", 25, ca=ca)[0],
+             "pki/peer.crt": make_cert("heron-etcd-0-peer", 1000, ca=ca)[0]}
+    for relative, pem in certs.items():
+        (root / relative).write_text(pem)
+    (root / "pki/server.key").write_text("not a certificate: never read")
+    (root / "etcd.conf.yaml").write_text("name: heron-etcd-0\n")
+    metrics = tmp_path / "textfile" / "corral_certificates.prom"
+    script = tmp_path / "script"
+    script.write_text(machine.render_script("heron-etcd-0", str(root), str(metrics), role="etcd member"))
+    result = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    expected = "".join(metrics_text(records_in(pem, machine.SOURCE, f"heron-etcd-0:{root / name}"))
+                       for name, pem in certs.items())
+    assert samples(metrics.read_text()) == samples(expected)
+    assert len(samples(expected)) == 3
 
 
 def test_node_exporter_reads_the_textfile_directory_on_every_node_and_the_global_gets_the_metric():

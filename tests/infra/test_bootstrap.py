@@ -114,6 +114,7 @@ def test_etcd_member_config(cluster_variant):
     unit = files["/etc/systemd/system/etcd.service"]["content"]
     assert "RequiresMountsFor=/var/lib/etcd" in unit and "--config-file /etc/etcd/etcd.conf.yaml" in unit
     assert commands == [FETCH, "/usr/local/sbin/corral-etcd-data-disk", "/usr/local/sbin/corral-install-etcd",
+                        CERT_METRICS_ENABLE,
                         "systemctl daemon-reload && systemctl enable --now corral-etcd-snapshot.timer",
                         "/usr/local/sbin/corral-install-node-exporter"]
 
@@ -406,12 +407,12 @@ def test_every_boot_script_is_valid_bash(name, tmp_path):
         if file["content"].startswith("#!/bin/bash")
     ]
     # Every machine: fetch-secrets; etcd: data disk + install etcd + snapshot job + install
-    # node_exporter; per API server:
+    # node_exporter + certificate expiry metrics; per API server:
     # node-prep, provider ID, pod metadata block, hairpin, its script, certificate expiry
     # metrics (on AWS also the API load balancer's DNS name); pool: node-prep, provider ID,
     # metadata block, its script.
     per_api_server = 1 + (7 if cluster.control_plane.cloud == "aws" else 6)
-    assert len(scripts) == (1 + 4) + 2 * per_api_server + (1 + 4)
+    assert len(scripts) == (1 + 5) + 2 * per_api_server + (1 + 4)
     for number, (path, text) in enumerate(scripts):
         script = tmp_path / f"{number}.sh"
         script.write_text(text)
