@@ -29,18 +29,11 @@ NAME = "heron-api-0"
 
 @pytest.fixture(scope="module")
 def api_server():
-    from tests.hostlab.lab import Lab, LabConfig, available
+    from tests.hostlab.fixtures import own_lab
 
-    ok, reason = available()
-    if not ok:
-        pytest.skip(f"hostlab unavailable: {reason}")
-    lab = Lab(LabConfig(bridge=BRIDGE, subnet=SUBNET, machine_prefix="crt-"))
-    lab.start()
-    try:
+    with own_lab(BRIDGE, SUBNET, machine_prefix="crt-") as lab:
         (host,) = lab.boot(["api0"])
         yield host
-    finally:
-        lab.teardown()
 
 
 def write(host, path: str, content: str, mode: str = "0644") -> None:

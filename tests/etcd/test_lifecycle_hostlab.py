@@ -35,17 +35,10 @@ INTERVAL_SECONDS = 15
 
 @pytest.fixture(scope="module")
 def lab():
-    from tests.hostlab.lab import Lab, LabConfig, available
+    from tests.hostlab.fixtures import own_lab
 
-    ok, reason = available()
-    if not ok:
-        pytest.skip(f"hostlab unavailable: {reason}")
-    lab = Lab(LabConfig(bridge=BRIDGE, subnet=SUBNET, machine_prefix="etcd-"))
-    lab.start()
-    try:
+    with own_lab(BRIDGE, SUBNET, machine_prefix="etcd-") as lab:
         yield lab
-    finally:
-        lab.teardown()
 
 
 @pytest.fixture(scope="module")

@@ -39,18 +39,11 @@ BRIDGE, SUBNET = "corralbr-scrape", "10.78.12.0/24"
 
 @pytest.fixture(scope="module")
 def member():
-    from tests.hostlab.lab import Lab, LabConfig, available
+    from tests.hostlab.fixtures import own_lab
 
-    ok, reason = available()
-    if not ok:
-        pytest.skip(f"hostlab unavailable: {reason}")
-    lab = Lab(LabConfig(bridge=BRIDGE, subnet=SUBNET, machine_prefix="scr-"))
-    lab.start()
-    try:
+    with own_lab(BRIDGE, SUBNET, machine_prefix="scr-") as lab:
         (host,) = lab.boot(["etcd-m0"])
         yield host
-    finally:
-        lab.teardown()
 
 
 def write(host, path: str, content: str, mode: str) -> None:

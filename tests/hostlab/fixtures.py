@@ -11,6 +11,9 @@ load ``tests.hostlab.conftest_plugin`` as a plugin (which also registers the
 * ``hostlab_repo`` (session): the default fake apt repo, built and served.
 * ``hostlab_repo_factory`` (session): ``factory(**AptRepo kwargs)`` for other
   versions (e.g. two driver versions); equal kwargs share one served repo.
+* ``own_lab(bridge, subnet, machine_prefix)``: a context manager for a
+  module's own lab on its own bridge and subnet (so tiers can run side by
+  side); skips when the machine cannot run it, tears the lab down.
 * ``hostlab_hosts`` (function): ``make(names_or_count, prefix="host", ips=None,
   prepare=None)`` boots
   hosts that are destroyed when the test ends; returns a :class:`HostSet`.
@@ -18,11 +21,12 @@ load ``tests.hostlab.conftest_plugin`` as a plugin (which also registers the
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import pytest
 
@@ -72,18 +76,29 @@ def lab_config_for_worker() -> LabConfig:
     return cfg
 
 
-@pytest.fixture(scope="session")
-def hostlab():
-    """The session's lab (bridge, NAT, cached base).  Skips if unavailable."""
+@contextlib.contextmanager
+def _started(config: LabConfig) -> Iterator[Lab]:
     ok, reason = available()
     if not ok:
         pytest.skip(f"hostlab unavailable: {reason}")
-    lab = Lab(lab_config_for_worker())
+    lab = Lab(config)
     lab.start()
     try:
         yield lab
     finally:
         lab.teardown()
+
+
+def own_lab(bridge: str, subnet: str, machine_prefix: str) -> contextlib.AbstractContextManager[Lab]:
+    """A module's own lab on its own bridge and subnet.  Skips if unavailable."""
+    return _started(LabConfig(bridge=bridge, subnet=subnet, machine_prefix=machine_prefix))
+
+
+@pytest.fixture(scope="session")
+def hostlab():
+    """The session's lab (bridge, NAT, cached base).  Skips if unavailable."""
+    with _started(lab_config_for_worker()) as lab:
+        yield lab
 
 
 @pytest.fixture(scope="session")
