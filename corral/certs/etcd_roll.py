@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from corral.etcd import EtcdError, Etcdctl, require_healthy
+from corral.etcd import Etcdctl, EtcdError, require_healthy
 from corral.etcd.lifecycle import wait_healthy
-from corral.infra.bootstrap import FETCH_SCRIPT
+from corral.machine.secret_fetch import FETCH_SCRIPT
 
 RESTART = f"{FETCH_SCRIPT}\nsystemctl restart etcd"
 

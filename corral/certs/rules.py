@@ -16,10 +16,11 @@ Three sources, so every certificate corral lists is covered:
 
 from __future__ import annotations
 
+from corral.machine.cert_expiry import EXPIRY_METRIC
+
 from .expiry import WARN_DAYS
 
 WINDOW_SECONDS = WARN_DAYS * 86400
-EXPIRY_METRIC = "corral_certificate_expiry_timestamp_seconds"
 
 
 def rule_groups(warn_days: int = WARN_DAYS) -> list[dict]:

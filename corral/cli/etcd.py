@@ -129,7 +129,7 @@ def _restore_everywhere(cluster, events: bool, snapshot_file: Path, addresses, s
 
     from corral.etcd import EtcdError
     from corral.etcd.restore import Ssh, restore_cluster
-    from corral.infra.bootstrap import etcd_cluster_token
+    from corral.machine.etcd_member import etcd_cluster_token
 
     members = _restore_members(cluster, events, addresses)
     out.print(f"restoring {len(members)} members ({', '.join(m.name for m in members)}) from {snapshot_file}",
@@ -183,7 +183,7 @@ def restore(name: ClusterArg, snapshot_file: Annotated[Path, typer.Argument(
     """Restore from a snapshot. With --all: rebuild the whole cluster over ssh (quorum lost;
     docs/etcd.md). With --member/--data-dir: only a new data dir for one member, here."""
     from corral.etcd import EtcdError, Etcdctl
-    from corral.infra.bootstrap import etcd_cluster_token
+    from corral.machine.etcd_member import etcd_cluster_token
 
     cluster = cluster_or_exit(clusters, name)
     if all_members:

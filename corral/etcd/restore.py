@@ -43,10 +43,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from corral.infra.bootstrap import ETCD_DATA_DIR, ETCD_PKI_DIR, ETCD_USER
+from corral.machine.etcd_member import ETCD_DATA_DIR, ETCD_PKI_DIR, ETCD_USER
+from corral.machine.etcd_snapshot import LOCAL_ENDPOINT
 
-from .client import EtcdError, Etcdctl, Tls
-from .snapshot import LOCAL_ENDPOINT
+from .client import Etcdctl, EtcdError, Tls
 
 # On the data disk (the mount at ETCD_DATA_DIR), so moving the restored
 # member/ into place is a rename, and an 8 GiB snapshot does not fill the root disk.

@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from corral.machine import gpu_preflight as preflight
 from corral.model.schema import PREFLIGHT_TAINT_KEY, UNHEALTHY_TAINT_KEY, CloudPool, Cluster
-
-from . import preflight
 
 HERE = Path(__file__).resolve().parent
 NAMESPACE = "kube-system"

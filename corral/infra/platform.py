@@ -52,7 +52,7 @@ classes, with these constructor signatures and attributes:
         Manager, GCP Secret Manager, Azure Key Vault): ONE secret per machine
         role (etcd member N, the API servers, each cloud pool), never in user
         data or instance metadata. Methods:
-          ref(key) -> SecretRef       where secret `key` lives; plain text,
+          ref(key) -> SecretRef       where secret `key` lives (corral/machine/secret_fetch.py); plain text,
                                       known at preview (it goes in user data)
           put(key, value) -> SecretRef  creates secret `key` holding `value`
                                       (a secret Output[str])
@@ -66,7 +66,7 @@ classes, with these constructor signatures and attributes:
     SnapshotBucket(name, ctx, opts=None)
         Where the etcd members' scheduled snapshots go (docs/etcd.md): AWS an
         S3 bucket, GCP a Cloud Storage bucket, Azure a storage account's blob
-        container; named by `snapshot_location(ctx.cluster)` (known at
+        container; named by `snapshot_location(ctx.cluster)` (corral/machine/etcd_snapshot.py; known at
         preview: it goes in the members' user data). Versioned, public access
         blocked, encrypted, every object and old version deleted after
         `controlPlane.etcd.snapshots.retentionDays` by a lifecycle rule.
@@ -100,7 +100,6 @@ from dataclasses import dataclass, field
 from corral.model import Cluster
 from corral.model.layout import Layout, layout
 
-
 @dataclass(frozen=True)
 class ClusterContext:
     """What every component gets: the cluster, its derived layout, common tags."""
@@ -122,57 +121,9 @@ class ClusterContext:
         """`<cluster>-<part>-...`: every cloud resource name starts with the cluster's."""
         return "-".join((self.cluster.name, *parts))
 
-
 COMPONENTS = ("Network", "Etcd", "ApiServers", "NodePools", "HybridLink", "SecretStore", "SnapshotBucket")
 
-
-@dataclass(frozen=True)
-class SecretRef:
-    """Where one secret lives, as the machines' fetch script needs it.
-
-    cloud: "aws" | "gcp" | "azure"; store: the AWS region, the Azure Key
-    Vault's name, "" on GCP (the machine's own project); name: the secret's
-    name in that store. Plain values, never the secret itself.
-    """
-
-    cloud: str
-    store: str
-    name: str
-
-
-@dataclass(frozen=True)
-class SnapshotLocation:
-    """Where etcd snapshots go, as the members' snapshot script needs it.
-
-    cloud: "aws" | "gcp" | "azure"; store: the AWS region, the Azure storage
-    account, "" on GCP; bucket: the S3/GCS bucket or the Azure container.
-    Objects are `<prefix>/<UTC time>-rev<revision>.db` under `prefix`
-    (`etcd` or `etcd-events`).
-    """
-
-    cloud: str
-    store: str
-    bucket: str
-
-
-SNAPSHOT_CONTAINER = "etcd-snapshots"
-
-
-def snapshot_location(cluster) -> SnapshotLocation:
-    """The cluster's snapshot bucket: `corral-<cluster>-etcd-snapshots` (S3 and GCS
-    names are global: a name taken elsewhere fails at `pulumi up`, not later);
-    on Azure the storage account `corral<cluster>etcd` (letters and digits, at
-    most 24) holds the container `etcd-snapshots`."""
-    cp = cluster.control_plane
-    if cp.cloud == "azure":
-        account = ("corral" + "".join(c for c in cluster.name if c.isalnum()))[:20] + "etcd"
-        return SnapshotLocation("azure", account, SNAPSHOT_CONTAINER)
-    bucket = f"corral-{cluster.name}-{SNAPSHOT_CONTAINER}"
-    return SnapshotLocation(cp.cloud, cp.region if cp.cloud == "aws" else "", bucket)
-
-
 _warned: set[tuple[int, str]] = set()
-
 
 def warn_once(message: str) -> None:
     """A Pulumi warning, once per program run (a plan or `pulumi up`), not once
@@ -185,7 +136,6 @@ def warn_once(message: str) -> None:
     if key not in _warned:
         _warned.add(key)
         pulumi.log.warn(message)
-
 
 def check_region(ctx: ClusterContext, provider: str, key: str = "region") -> None:
     """The stack's provider region (`<provider>:<key>`), when set, must be the cluster's."""
@@ -200,7 +150,6 @@ def check_region(ctx: ClusterContext, provider: str, key: str = "region") -> Non
             f"lives in {wanted} (controlPlane.region); fix stacks/Pulumi.{ctx.cluster.name}.yaml"
         )
 
-
 def check_zone(ctx: ClusterContext, zone: str, what: str) -> None:
     """`zone` must be one of the control plane's: the network has subnets only there."""
     zones = [z.zone for z in ctx.layout.zones]
@@ -209,7 +158,6 @@ def check_zone(ctx: ClusterContext, zone: str, what: str) -> None:
             f"{what} is in zone {zone}, which is not one of the control plane's zones "
             f"({', '.join(zones)}): the network has no subnet there"
         )
-
 
 def pick(items: object, key: object, what: str):
     """`items[key]` with an error naming what is missing."""

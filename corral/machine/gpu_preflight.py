@@ -1,32 +1,21 @@
 """The GPU preflight a pool's nodes run: expectations from the cluster file, rendered script.
 
 One template (corral/templates/health/gpu-preflight.py.j2) for cloud and
-on-prem nodes. The expectations come from here only: the Ansible inventory
+on-prem nodes; the health agent (corral/health) reads the verdict it writes. The expectations come from here only: the Ansible inventory
 (`corral_gpu_preflight`) and the health agent's ConfigMap both call
 `expectations`, so both kinds of node check the same things.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import jinja2
-
 from corral.model.schema import CloudPool, Cluster, OnPremPool
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates" / "health"
-TEMPLATE = "gpu-preflight.py.j2"
+from .files import render as render_template
+
+TEMPLATE = "health/gpu-preflight.py.j2"
 # Written by the preflight on the node, read by the agent through a hostPath.
 VERDICT_DIR = "/var/lib/corral/health"
 VERDICT_PATH = f"{VERDICT_DIR}/preflight.json"
-
-_env = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(str(TEMPLATES)),
-    undefined=jinja2.StrictUndefined,
-    keep_trailing_newline=True,
-    autoescape=False,
-)
-
 
 def expectations(cluster: Cluster, pool: OnPremPool | CloudPool) -> dict | None:
     """What a node of `pool` must show to pass; None for pools without GPUs or with preflight off."""
@@ -52,4 +41,4 @@ def expectations(cluster: Cluster, pool: OnPremPool | CloudPool) -> dict | None:
 
 def render(expected: dict) -> str:
     """The node-local preflight script for these expectations."""
-    return _env.get_template(TEMPLATE).render(preflight=expected)
+    return render_template(TEMPLATE, preflight=expected)

@@ -237,7 +237,7 @@ ETCD_MEMBER_KEEP = (
 # Raw series the global Prometheus federates from the shards: the recorded
 # aggregates (level `node:` / `namespace:`), the GPU fault counters the
 # health alerts (corral/health/rules.py) need per GPU, and the certificate
-# expiry the API servers' node-exporters serve (corral/certs/machine.py: ~11
+# expiry the API servers' node-exporters serve (corral/machine/cert_expiry.py: ~11
 # series per API server) for CertificateExpiringSoon.
 FEDERATED = (
     "node:.+", "namespace:.+", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
@@ -418,7 +418,7 @@ def global_config(cluster: Cluster, shards: int) -> str:
 def node_textfile_dir() -> str:
     """The hosts' directory the node-exporter DaemonSet's textfile collector reads:
     the one corral's machine jobs write (the etcd members' own node_exporter reads it too)."""
-    from corral.etcd.snapshot import TEXTFILE_DIR
+    from corral.machine.node_exporter import TEXTFILE_DIR
 
     return TEXTFILE_DIR
 
@@ -426,9 +426,9 @@ def node_textfile_dir() -> str:
 def etcd_members_job(cluster: Cluster) -> dict:
     """node_exporter on every etcd member (VMs outside Kubernetes: static targets
     from the cluster's layout, each labelled `member` and `etcd_cluster`), for the
-    snapshot alerts (corral/etcd/snapshot.py). Reached from the node Prometheus
+    snapshot alerts (corral/etcd/monitoring.py). Reached from the node Prometheus
     runs on: the cloud firewalls open 9100 to the members from the nodes only."""
-    from corral.etcd.machine import SCRAPE_JOB, scrape_targets
+    from corral.etcd.monitoring import SCRAPE_JOB, scrape_targets
 
     return {
         "job_name": SCRAPE_JOB,
@@ -556,12 +556,12 @@ def global_rule_groups(gpu: bool) -> list[dict]:
 
 def control_plane_rule_groups(cluster: Cluster) -> list[dict]:
     """Alerts about the control plane outside Kubernetes, on the global Prometheus:
-    etcd snapshot age (corral/etcd/snapshot.py) and certificate expiry
+    etcd snapshot age (corral/etcd/monitoring.py) and certificate expiry
     (corral/certs/rules.py), both promtool-tested where they are defined.
     The snapshot metrics come from the `etcd-members` job; docs/etcd.md says
     which of the certificate alerts' series are scraped today."""
     from corral.certs.rules import rule_groups as certificate_rule_groups
-    from corral.etcd.snapshot import alert_rules as etcd_snapshot_rules
+    from corral.etcd.monitoring import alert_rules as etcd_snapshot_rules
 
     return [etcd_snapshot_rules(cluster), *certificate_rule_groups()]
 

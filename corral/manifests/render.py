@@ -234,13 +234,8 @@ def cluster_autoscaler(cluster: Cluster) -> list[dict]:
 
 def scheduler_config_text(cluster: Cluster) -> str:
     """The KubeSchedulerConfiguration the control plane runs, from the core's renderer."""
-    try:
-        from corral.infra.bootstrap import render_scheduler_config
-    except ImportError as err:
-        raise policy.ManifestError(
-            "the scheduler policy comes from corral.infra.bootstrap.render_scheduler_config, "
-            f"which cannot be imported ({err})"
-        ) from None
+    from corral.machine.scheduler import render_scheduler_config
+
     rendered = render_scheduler_config(cluster)
     return rendered if isinstance(rendered, str) else _dump([rendered], header=None)
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from ruamel.yaml import YAML
 
-from corral.health.preflight import expectations as preflight_expectations
+from corral.machine.gpu_preflight import expectations as preflight_expectations
 from corral.model import Cluster, OnPremPool
 
 UNSAFE_JSON_KEY = "__ansible_unsafe"

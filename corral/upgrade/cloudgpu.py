@@ -1,7 +1,7 @@
 """Cloud GPU pools: a drained, batched replacement by `corral upgrade`.
 
 A provider's rolling update asks no PodDisruptionBudget, so GPU pools are not
-rolled by a deploy (corral.upgrade.rolling). After `corral up` has given a
+rolled by a deploy (corral.machine.rollout). After `corral up` has given a
 GPU pool's group its new template, `corral upgrade` replaces the pool's nodes
 that do not run the target Kubernetes version, one batch at a time:
 
@@ -40,7 +40,7 @@ from corral.health.kube import CORDON_ANNOTATION, HealthError, Kubectl
 from corral.health.remediate import instance_command
 from corral.model import Cluster
 
-from .rolling import TEMPLATE_LABEL, pool_template_fingerprint
+from corral.machine.rollout import TEMPLATE_LABEL, pool_template_fingerprint
 from .versions import KubeVersion, UpgradeError
 
 POOL_LABEL = "corral.dev/pool"

@@ -42,7 +42,7 @@ VARS = {
 
 
 def render(variables: dict, **env_opts) -> str:
-    # StrictUndefined like corral.infra.bootstrap's environment (cloud-init side).
+    # StrictUndefined like corral.machine.files' environment (cloud-init side).
     env_opts.setdefault("undefined", jinja2.StrictUndefined)
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(JOIN_TEMPLATE.parent)), **env_opts

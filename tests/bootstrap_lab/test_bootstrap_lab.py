@@ -33,8 +33,11 @@ import pytest
 import yaml
 
 from corral.infra import bootstrap
-from corral.infra.bootstrap import EtcdMemberTls
-from corral.infra.platform import SecretRef
+from corral.machine.cloud_init import render_etcd_cloud_init
+from corral.machine.data_disk import GCP_ETCD_DEVICE_NAME
+from corral.machine.etcd_member import ETCD_CONFIG, ETCD_DATA_DIR, ETCD_PKI_DIR, ETCD_VERSION, EtcdMemberTls, etcd_secret_files
+from corral.machine.files import bundle
+from corral.machine.secret_fetch import FETCH_SCRIPT, SecretRef
 from corral.model import load_cluster
 from corral.model.layout import layout
 from tests.hostlab.lab import Host, Lab, LabConfig, available
@@ -60,7 +63,7 @@ pytestmark = pytest.mark.hostlab
 
 CLUSTER_FILE = Path(__file__).resolve().parents[2] / "clusters" / "ibis.yaml"
 BRIDGE, SUBNET = "corralbr-boot", "10.202.0.0/22"
-DISK_LINK = f"/dev/disk/by-id/google-{bootstrap.GCP_ETCD_DEVICE_NAME}"
+DISK_LINK = f"/dev/disk/by-id/google-{GCP_ETCD_DEVICE_NAME}"
 DISK_SIZE = "512M"
 # Member 0 boots alone; member 1 when member 0's etcd has waited for a quorum
 # longer than systemd's default start timeout (90 s); member 2 after it.
@@ -68,9 +71,9 @@ BOOT_OFFSETS = (0, 100, 120)
 CLIENT_DIR = "/root/lab-etcd-client"  # the checks' own client certificate, not corral's
 # corral's files on a member (user data and secret); a second boot must leave them as they are.
 CORRAL_FILES = (
-    bootstrap.ETCD_CONFIG, "/etc/systemd/system/etcd.service", "/etc/fstab",
-    "/usr/local/sbin/corral-etcd-data-disk", "/usr/local/sbin/corral-install-etcd", bootstrap.FETCH_SCRIPT,
-    *(f"{bootstrap.ETCD_PKI_DIR}/{name}" for name in ("ca.crt", "server.crt", "server.key", "peer.crt", "peer.key")),
+    ETCD_CONFIG, "/etc/systemd/system/etcd.service", "/etc/fstab",
+    "/usr/local/sbin/corral-etcd-data-disk", "/usr/local/sbin/corral-install-etcd", FETCH_SCRIPT,
+    *(f"{ETCD_PKI_DIR}/{name}" for name in ("ca.crt", "server.crt", "server.key", "peer.crt", "peer.key")),
     "/usr/local/bin/etcd", "/usr/local/bin/etcdctl",
 )
 
@@ -181,8 +184,8 @@ def bootstrap_lab(tmp_path_factory):
     loops: list[str] = []
     servers = None
     try:
-        release = f"/etcd-io/etcd/releases/download/v{bootstrap.ETCD_VERSION}"
-        state = FakeGcp(release, fake_release_files(lab.config.cache_dir / "bootstrap-lab", bootstrap.ETCD_VERSION))
+        release = f"/etcd-io/etcd/releases/download/v{ETCD_VERSION}"
+        state = FakeGcp(release, fake_release_files(lab.config.cache_dir / "bootstrap-lab", ETCD_VERSION))
         https_ca, etcd_ca = LabCa("corral bootstrap lab HTTPS CA"), LabCa("etcd-ca")
         servers = FakeGcpServers(state, lab.gateway, https_ca)
         client = etcd_ca.issue("bootstrap-lab-client", server=False)
@@ -194,9 +197,9 @@ def bootstrap_lab(tmp_path_factory):
             server = etcd_ca.issue(machine.name, [machine.name, "localhost"], [machine.ip, "127.0.0.1"])
             peer = etcd_ca.issue(machine.name, [machine.name], [machine.ip])
             tls = EtcdMemberTls(etcd_ca.cert, server.cert, server.key, peer.cert, peer.key)
-            state.secrets[ref.name] = bootstrap.bundle(bootstrap.etcd_secret_files(tls))
+            state.secrets[ref.name] = bundle(etcd_secret_files(tls))
             state.grants[machine.ip] = ref.name
-            user_data = bootstrap.render_etcd_cloud_init(cluster, machine, lay.etcd_members, ref)
+            user_data = render_etcd_cloud_init(cluster, machine, lay.etcd_members, ref)
             image = work / f"{machine.name}.img"
             subprocess.run(["truncate", "-s", DISK_SIZE, str(image)], check=True)
             loop = subprocess.run(["losetup", "--find", "--show", str(image)], check=True, capture_output=True,
@@ -273,16 +276,16 @@ def test_etcd_members_boot_under_cloud_init_and_form_a_tls_cluster(bootstrap_lab
 
     # --- what the boot left on each member ---
     for member in members:
-        keys = member.sh(f"stat -c '%U:%G %a %n' {bootstrap.ETCD_PKI_DIR}/server.key {bootstrap.ETCD_PKI_DIR}/peer.key "
-                         f"{bootstrap.ETCD_PKI_DIR}")
-        assert keys.splitlines() == [f"etcd:etcd 600 {bootstrap.ETCD_PKI_DIR}/server.key",
-                                     f"etcd:etcd 600 {bootstrap.ETCD_PKI_DIR}/peer.key",
-                                     f"etcd:etcd 700 {bootstrap.ETCD_PKI_DIR}"], keys
-        mount = member.sh(f"findmnt -n -o SOURCE,FSTYPE {bootstrap.ETCD_DATA_DIR}")
+        keys = member.sh(f"stat -c '%U:%G %a %n' {ETCD_PKI_DIR}/server.key {ETCD_PKI_DIR}/peer.key "
+                         f"{ETCD_PKI_DIR}")
+        assert keys.splitlines() == [f"etcd:etcd 600 {ETCD_PKI_DIR}/server.key",
+                                     f"etcd:etcd 600 {ETCD_PKI_DIR}/peer.key",
+                                     f"etcd:etcd 700 {ETCD_PKI_DIR}"], keys
+        mount = member.sh(f"findmnt -n -o SOURCE,FSTYPE {ETCD_DATA_DIR}")
         assert mount.split() == [member.loop, "ext4"], mount
-        fstab = [line for line in member.sh("cat /etc/fstab").splitlines() if bootstrap.ETCD_DATA_DIR in line]
+        fstab = [line for line in member.sh("cat /etc/fstab").splitlines() if ETCD_DATA_DIR in line]
         assert len(fstab) == 1 and "nofail" in fstab[0] and "x-systemd.device-timeout=" in fstab[0], fstab
-        assert member.sh(f"ls {bootstrap.ETCD_DATA_DIR}").split() == ["lost+found", "member"]  # on the data disk's filesystem
+        assert member.sh(f"ls {ETCD_DATA_DIR}").split() == ["lost+found", "member"]  # on the data disk's filesystem
         # The download directory went with the script (trap), so did no etcd tarball stay anywhere in /tmp.
         assert member.sh("find /tmp /var/tmp -name 'etcd-v*' -o -name SHA256SUMS") == ""
         assert state.reads_by(member.ip) == 1
@@ -312,8 +315,8 @@ def test_etcd_members_boot_under_cloud_init_and_form_a_tls_cluster(bootstrap_lab
     assert gone.sh("systemctl --failed --no-legend --plain | cut -d' ' -f1") == "var-lib-etcd.mount"
     assert gone.sh("systemctl is-active ssh", check=False) == "active"
     assert gone.sh("systemctl is-active etcd", check=False) != "active"
-    assert gone.host.run(f"mountpoint -q {bootstrap.ETCD_DATA_DIR}", check=False).returncode != 0
-    assert gone.sh(f"ls -A {bootstrap.ETCD_DATA_DIR}") == ""  # nothing written on the root disk
+    assert gone.host.run(f"mountpoint -q {ETCD_DATA_DIR}", check=False).returncode != 0
+    assert gone.sh(f"ls -A {ETCD_DATA_DIR}") == ""  # nothing written on the root disk
     assert gone.host.run("pgrep -x etcd", check=False).returncode != 0
     wait_healthy(members[0], [members[0], members[2]])  # the other two keep the quorum
     log(f"{gone.name} up without its data disk, etcd stopped ({gone.sh('systemctl is-active etcd', check=False)})")
@@ -358,7 +361,7 @@ def test_the_lab_sees_a_boot_loop_when_the_fstab_line_lacks_nofail(bootstrap_lab
     lab, _, _ = bootstrap_lab
     cluster = load_cluster(CLUSTER_FILE)
     lay = layout(cluster)
-    document = yaml.safe_load(bootstrap.render_etcd_cloud_init(cluster, lay.etcd_members[0], lay.etcd_members, SecretRef("gcp", "", "x")))
+    document = yaml.safe_load(render_etcd_cloud_init(cluster, lay.etcd_members[0], lay.etcd_members, SecretRef("gcp", "", "x")))
     disk_script = next(f["content"] for f in document["write_files"] if f["path"] == "/usr/local/sbin/corral-etcd-data-disk")
     options = re.search(r'echo "UUID=\$UUID \S+ ext4 (\S+) 0 2"', disk_script).group(1)
     assert "nofail" in options.split(",")
@@ -368,7 +371,7 @@ def test_the_lab_sees_a_boot_loop_when_the_fstab_line_lacks_nofail(bootstrap_lab
     def prepare(host: Host) -> None:
         root = host.root
         for path, text, mode in ((FAKE_FSTAB_GENERATOR, FAKE_FSTAB_GENERATOR_TEXT, 0o755),
-                                 ("/etc/fstab", f"UUID={uuid_of_disk} {bootstrap.ETCD_DATA_DIR} ext4 {without} 0 2\n", 0o644)):
+                                 ("/etc/fstab", f"UUID={uuid_of_disk} {ETCD_DATA_DIR} ext4 {without} 0 2\n", 0o644)):
             target = root / path.lstrip("/")
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text)

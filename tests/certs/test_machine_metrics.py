@@ -1,4 +1,4 @@
-"""The API servers' certificate expiry job (corral/certs/machine.py), run for real:
+"""The API servers' certificate expiry job (corral/machine/cert_expiry.py), run for real:
 the rendered script over a temporary /etc/kubernetes holding real certificates
 (tests/certs/certgen.py) made to expire soon or late, its textfile checked by
 promtool, and the alert rules run by promtool on the series it wrote."""
@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from corral.certs import machine
 from corral.certs.expiry import records_in
 from corral.certs.rules import EXPIRY_METRIC, metrics_text, rule_groups
-from corral.infra.bootstrap import render_api_server_cloud_init, render_etcd_cloud_init
-from corral.infra.platform import SecretRef
+from corral.machine import cert_expiry as machine
+from corral.machine.cloud_init import render_api_server_cloud_init, render_etcd_cloud_init
+from corral.machine.secret_fetch import SecretRef
 from corral.manifests import monitoring
 from corral.model import load_fleet
 from corral.model.layout import layout
@@ -231,7 +231,7 @@ def test_every_control_plane_machine_runs_the_job_hourly_after_its_boot(name):
             assert commands[-2:] == ["/usr/local/sbin/corral-api-server", machine.ENABLE_COMMAND]
         else:
             # After etcd's install (its certificates came with the secrets before);
-            # node_exporter's install stays last (corral/etcd/machine.py).
+            # node_exporter's install stays last (corral/machine/part.py Phase).
             assert commands.index(machine.ENABLE_COMMAND) == commands.index("/usr/local/sbin/corral-install-etcd") + 1
             assert commands[-1] == "/usr/local/sbin/corral-install-node-exporter"
 

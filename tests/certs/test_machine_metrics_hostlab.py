@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from corral.certs import machine
 from corral.certs.rules import EXPIRY_METRIC
+from corral.machine import cert_expiry as machine
 
 from .certgen import make_cert
 from .test_machine_metrics import kubeconfig, samples

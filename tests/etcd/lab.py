@@ -24,8 +24,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from corral.etcd import Etcdctl, Tls
-from corral.etcd.machine import preflight_files
-from corral.infra.bootstrap import ETCD_CONFIG, ETCD_DATA_DIR, ETCD_PKI_DIR, render
+from corral.machine.etcd_member import ETCD_CONFIG, ETCD_DATA_DIR, ETCD_PKI_DIR, preflight_files
+from corral.machine.files import render
 from corral.model.layout import Machine
 
 from .certs import TestCa

@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 
 from corral.etcd import EtcdError, cluster_status, replace_member
-from corral.etcd.snapshot import METRICS_FILE, SERVICE, TIMER, SnapshotJob, snapshot_files
-from corral.infra.platform import SnapshotLocation
+from corral.machine.etcd_snapshot import METRICS_FILE, SERVICE, TIMER, SnapshotJob, SnapshotLocation, snapshot_files
 
 from .lab import BRIDGE, SUBNET, EtcdLab, fake_instance_metadata, fake_object_storage, shell
 

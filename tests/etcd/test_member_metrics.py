@@ -33,18 +33,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-from corral.etcd import machine
-from corral.etcd.machine import (
+from corral.etcd.monitoring import scrape_targets
+from corral.machine.apt import apt_context
+from corral.machine.cloud_init import render_etcd_cloud_init
+from corral.machine.etcd_member import PREFLIGHT_DROP_IN, PREFLIGHT_METRICS
+from corral.machine.etcd_snapshot import ENABLE_COMMAND, METRICS_FILE, SCRIPT_PATH, SnapshotJob, snapshot_files
+from corral.machine.files import render
+from corral.machine.node_exporter import (
     NODE_EXPORTER_DEFAULTS,
     NODE_EXPORTER_DROP_IN,
     NODE_EXPORTER_INSTALL,
-    PREFLIGHT_DROP_IN,
-    PREFLIGHT_METRICS,
-    scrape_targets,
+    TEXTFILE_DIR,
+    node_exporter_files,
 )
-from corral.etcd.snapshot import ENABLE_COMMAND, METRICS_FILE, SCRIPT_PATH, TEXTFILE_DIR, SnapshotJob, snapshot_files
-from corral.infra import bootstrap
-from corral.infra.platform import SecretRef
+from corral.machine.secret_fetch import SecretRef
 from corral.manifests.monitoring import ETCD_MEMBER_KEEP, etcd_members_job
 from corral.model.layout import layout
 from corral.model.loader import load_cluster
@@ -65,7 +67,7 @@ def cluster(name: str, tmp_path: Path | None = None, events: bool = False):
 
 def user_data(c, member, members, events: bool = False) -> dict:
     ref = SecretRef(CLOUDS[c.name], "store", "secret")
-    return yaml.safe_load(bootstrap.render_etcd_cloud_init(c, member, members, ref, events))
+    return yaml.safe_load(render_etcd_cloud_init(c, member, members, ref, events))
 
 
 def args_of(defaults: str) -> dict[str, str]:
@@ -117,7 +119,7 @@ def test_member_user_data_runs_node_exporter_on_the_snapshot_directory(name, eve
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed")
 def test_node_exporter_install_script_passes_shellcheck(tmp_path):
-    (install,) = [f for f in machine.node_exporter_files("10.0.0.10") if f.path == NODE_EXPORTER_INSTALL]
+    (install,) = [f for f in node_exporter_files("10.0.0.10") if f.path == NODE_EXPORTER_INSTALL]
     script = tmp_path / "install.sh"
     script.write_text(install.content)
     subprocess.run(["shellcheck", "-S", "warning", str(script)], check=True)
@@ -134,10 +136,10 @@ def run_install(tmp_path: Path, curl_fails: bool) -> tuple[subprocess.CompletedP
     """The install script rendered with a directory under tmp_path, against fake apt-get, systemctl and curl."""
     textfile_dir = tmp_path / "var" / "lib" / "node_exporter" / "textfile_collector"
     script = tmp_path / "install.sh"
-    script.write_text(bootstrap.render(
+    script.write_text(render(
         "etcd/install-node-exporter.sh.j2", listen_address="10.0.0.10", port=9100, textfile_dir=textfile_dir,
         package="prometheus-node-exporter", service="prometheus-node-exporter.service",
-        defaults_path=NODE_EXPORTER_DEFAULTS, wait_attempts=2, **bootstrap.apt_context()))
+        defaults_path=NODE_EXPORTER_DEFAULTS, wait_attempts=2, **apt_context()))
     fake_bin = tmp_path / "fake_bin"
     fake_bin.mkdir()
     for command in ("apt-get", "systemctl", "curl", "sleep"):
@@ -267,12 +269,12 @@ def test_real_node_exporter_serves_the_scripts_metrics_and_prometheus_scrapes_th
     # What both scripts write, as they write it: the snapshot job's publish() and the disk probe.
     write_snapshot_metrics(tmp_path, textfile_dir / os.path.basename(METRICS_FILE))
     probe = subprocess.run(
-        ["python3", str(ROOT / "corral" / "etcd" / "disk_probe.py"), str(tmp_path), "--max-writes", "20",
+        ["python3", str(ROOT / "corral" / "machine" / "etcd_disk_probe.py"), str(tmp_path), "--max-writes", "20",
          "--metrics", str(textfile_dir / os.path.basename(PREFLIGHT_METRICS))],
         capture_output=True, text=True, timeout=60)
     assert probe.returncode == 0, probe.stderr
     # The member's ARGS as rendered, with a loopback port and this test's directory for the member's.
-    (defaults,) = [f for f in machine.node_exporter_files(member.ip) if f.path == NODE_EXPORTER_DEFAULTS]
+    (defaults,) = [f for f in node_exporter_files(member.ip) if f.path == NODE_EXPORTER_DEFAULTS]
     flags = args_of(defaults.content)
     exporter_address = f"127.0.0.1:{free_port()}"
     flags["--web.listen-address"] = exporter_address

@@ -20,15 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from corral.etcd.machine import (
-    NODE_EXPORTER_INSTALL,
-    NODE_EXPORTER_SERVICE,
-    PREFLIGHT_METRICS,
-    PROBE_PATH,
-    node_exporter_files,
-    preflight_files,
-)
-from corral.etcd.snapshot import METRICS_FILE, SCRIPT_PATH, SnapshotJob, snapshot_files
+from corral.machine.etcd_member import PREFLIGHT_METRICS, PROBE_PATH, preflight_files
+from corral.machine.etcd_snapshot import METRICS_FILE, SCRIPT_PATH, SnapshotJob, snapshot_files
+from corral.machine.node_exporter import NODE_EXPORTER_INSTALL, NODE_EXPORTER_SERVICE, node_exporter_files
 from corral.model.loader import load_cluster
 
 pytestmark = pytest.mark.hostlab

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from corral.certs.rules import rule_groups as certificate_rule_groups
-from corral.etcd.snapshot import alert_rules
+from corral.etcd.monitoring import alert_rules
 from corral.manifests.render import render
 from corral.model.loader import load_fleet
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from corral.etcd.snapshot import SCRIPT_PATH, TIMER, SnapshotJob, alert_rules, bucket_url, snapshot_files
-from corral.infra.platform import snapshot_location
+from corral.etcd.monitoring import alert_rules
+from corral.machine.etcd_snapshot import SCRIPT_PATH, TIMER, SnapshotJob, bucket_url, snapshot_files, snapshot_location
 from corral.model.loader import load_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,7 +117,7 @@ def test_snapshot_age_alert_with_promtool(tmp_path):
 
 
 def test_disk_probe_reports_and_enforces_the_limit(tmp_path, capsys):
-    from corral.etcd import disk_probe
+    from corral.machine import etcd_disk_probe as disk_probe
 
     metrics = tmp_path / "m" / "disk.prom"
     assert disk_probe.main([str(tmp_path), "--max-writes", "50", "--limit-ms", "100000",
@@ -136,9 +136,11 @@ def test_disk_probe_reports_and_enforces_the_limit(tmp_path, capsys):
 
 def test_bucket_components_are_versioned_expire_and_grant_members_create_only():
     """The three clouds' SnapshotBucket: same inputs, create-only grants, retention from the cluster file."""
-    from corral.infra.aws.backup import lifecycle_rules as aws_rules, write_policy
+    from corral.infra.aws.backup import lifecycle_rules as aws_rules
+    from corral.infra.aws.backup import write_policy
     from corral.infra.azure.backup import WRITE_DATA_ACTIONS, management_policy
-    from corral.infra.gcp.backup import OBJECT_CREATOR, lifecycle_rules as gcp_rules
+    from corral.infra.gcp.backup import OBJECT_CREATOR
+    from corral.infra.gcp.backup import lifecycle_rules as gcp_rules
 
     assert write_policy("arn:aws:s3:::b")["Statement"] == [
         {"Sid": "PutEtcdSnapshots", "Effect": "Allow", "Action": ["s3:PutObject"], "Resource": "arn:aws:s3:::b/*"}]
@@ -154,12 +156,13 @@ def test_bucket_components_are_versioned_expire_and_grant_members_create_only():
 
 
 def test_member_files_carry_the_join_check_before_the_probe():
-    from corral.etcd.machine import JOIN_PATH, PREFLIGHT_DROP_IN, PROBE_PATH, member_files
-
+    from corral.machine.etcd_member import JOIN_PATH, PREFLIGHT_DROP_IN, PROBE_PATH
+    from corral.machine.roles import etcd_member_role
     from corral.model.layout import layout
 
     heron = cluster("heron")
-    files = {f.path: f for f in member_files(heron, layout(heron).etcd_members[0])}
+    members = layout(heron).etcd_members
+    files = {f.path: f for f in etcd_member_role(heron, members[0], members).files}
     drop_in = files[PREFLIGHT_DROP_IN].content
     assert drop_in.index(JOIN_PATH) < drop_in.index(PROBE_PATH)
     assert f"{JOIN_PATH} /etc/etcd/etcd.conf.yaml /var/lib/etcd" in drop_in

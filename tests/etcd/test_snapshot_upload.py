@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.etcd.snapshot import SCRIPT_PATH, SnapshotJob, snapshot_files
-from corral.infra.platform import SnapshotLocation
+from corral.machine.etcd_snapshot import SCRIPT_PATH, SnapshotJob, SnapshotLocation, snapshot_files
 
 from .lab import fake_instance_metadata, fake_object_storage
 from .object_stores import Azurite, GcsEmulator, azurite_binary, fake_cloud_metadata

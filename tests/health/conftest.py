@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from corral.health import addon, preflight
+from corral.health import addon
+from corral.machine import gpu_preflight as preflight
 from corral.model.loader import load_cluster
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from corral.health import classify, preflight
+from corral.health import classify
+from corral.machine import gpu_preflight as preflight
 from tests.hostlab.aptrepo import render_fake
 
 from .conftest import FAKE_BIN

@@ -11,7 +11,8 @@ import sys
 import jinja2
 import pytest
 
-from corral.health import preflight
+from corral.machine import gpu_preflight as preflight
+from corral.machine.files import TEMPLATES
 from corral.model.schema import PREFLIGHT_TAINT_KEY
 
 from .conftest import FAKE_BIN, cluster, load_script
@@ -76,7 +77,7 @@ def test_preflight_off_registers_without_the_taint(jaguar):
 
 
 def test_join_configuration_carries_the_taint(jaguar):
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(preflight.TEMPLATES.parent / "kubeadm")),
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES / "kubeadm")),
                              undefined=jinja2.StrictUndefined)
     pool = jaguar.pool("gpu-h100-sf1")
     text = env.get_template("join-configuration.yaml.j2").render(
@@ -168,7 +169,7 @@ def test_hostile_values_stay_data(h100_expected):
 
 def test_ansible_whitespace_settings_render_the_same(h100_expected):
     plain = preflight.render(h100_expected)
-    ansible_like = jinja2.Environment(loader=jinja2.FileSystemLoader(str(preflight.TEMPLATES)),
+    ansible_like = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)),
                                       trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     assert ansible_like.get_template(preflight.TEMPLATE).render(preflight=h100_expected) == plain
     assert plain.startswith("#!/usr/bin/python3\n")

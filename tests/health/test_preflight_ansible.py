@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from corral.health import preflight
+from corral.machine import gpu_preflight as preflight
 from corral.nodes.inventory import build, mark_unsafe, to_ansible_json
 
 from .conftest import load_script
@@ -37,7 +37,7 @@ def ansible_render(tmp_path: Path, expected: dict) -> str:
     task = next(t for t in yaml.safe_load((ROLE / "tasks" / "main.yml").read_text())
                 if "ansible.builtin.template" in t and "preflight" in t.get("vars", {}))
     playbook = [{"name": "Render the preflight", "hosts": "localhost", "gather_facts": False,
-                 "vars": {"corral_gpu_preflight_template": str(ROLE.parents[2] / "corral" / "templates" / "health"
+                 "vars": {"corral_gpu_preflight_template": str(ROLE.parents[2] / "corral" / "templates"
                                                                / preflight.TEMPLATE)},
                  "tasks": [{"name": "Render", "ansible.builtin.template": {
                      "src": task["ansible.builtin.template"]["src"], "dest": str(out), "mode": "0755"},

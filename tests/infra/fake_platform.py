@@ -13,7 +13,8 @@ from typing import Any
 
 import pulumi
 
-from corral.infra.platform import SecretRef, snapshot_location
+from corral.machine.etcd_snapshot import snapshot_location
+from corral.machine.secret_fetch import SecretRef
 
 calls: dict[str, list[dict[str, Any]]] = {}
 

@@ -11,19 +11,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from corral.infra import bootstrap
-from corral.infra.bootstrap import (
+from corral.machine.api_server import (
     API_DNS_NAME_SCRIPT,
     API_DNS_NAME_TAG,
     API_DNS_SAN_PLACEHOLDER,
-    METADATA_URL,
-    PROVIDER_ID_SCRIPT,
     api_cert_sans,
     render_api_dns_name_script,
-    render_api_server_cloud_init,
     render_kubeadm_init_config,
 )
-from corral.infra.platform import SecretRef
+from corral.machine.cloud_init import render_api_server_cloud_init
+from corral.machine.kubeadm import KUBEADM_DIR, PROVIDER_ID_PLACEHOLDER
+from corral.machine.kubelet_node import METADATA_URL, PROVIDER_ID_SCRIPT
 from corral.model import load_fleet
 from corral.model.layout import layout
 
@@ -126,7 +124,7 @@ def test_api_server_boot_fills_the_dns_name_and_provider_id_into_its_kubeadm_con
     init = kubeadm_dir / "init.yaml"
     init.write_text(render_kubeadm_init_config(heron, lay, TOKENS))  # the config `kubeadm init` reads
     for path, file in files.items():
-        if path.startswith(bootstrap.KUBEADM_DIR + "/") and path.endswith(".yaml"):
+        if path.startswith(KUBEADM_DIR + "/") and path.endswith(".yaml"):
             (kubeadm_dir / Path(path).name).write_text(file["content"])
     (sbin / "corral-node-prep").write_text("#!/bin/bash\ntrue\n")
     for script in (PROVIDER_ID_SCRIPT, API_DNS_NAME_SCRIPT):
@@ -137,7 +135,7 @@ def test_api_server_boot_fills_the_dns_name_and_provider_id_into_its_kubeadm_con
     before_services = boot[: boot.index("systemctl ")]
     # Without the exit trap that removes the token and init config: this test reads them after.
     before_services = "\n".join(line for line in before_services.splitlines() if not line.startswith("trap "))
-    before_services = before_services.replace(bootstrap.KUBEADM_DIR, str(kubeadm_dir)).replace("/usr/local/sbin/", f"{sbin}/")
+    before_services = before_services.replace(KUBEADM_DIR, str(kubeadm_dir)).replace("/usr/local/sbin/", f"{sbin}/")
     env = {"PATH": os.environ["PATH"], "no_proxy": "*", "NO_PROXY": "*"}
     result = subprocess.run(["bash", "-c", before_services], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr
@@ -145,5 +143,5 @@ def test_api_server_boot_fills_the_dns_name_and_provider_id_into_its_kubeadm_con
     assert sans == [*api_cert_sans(heron, lay)[:-1], DNS_NAME]
     for config in kubeadm_dir.glob("*.yaml"):
         assert API_DNS_SAN_PLACEHOLDER not in config.read_text()
-        assert bootstrap.PROVIDER_ID_PLACEHOLDER not in config.read_text()
+        assert PROVIDER_ID_PLACEHOLDER not in config.read_text()
     assert "aws:///us-west-2b/i-0123456789abcdef0" in init.read_text()

@@ -7,21 +7,30 @@ import importlib
 import pytest
 import yaml
 
-from corral.infra import bootstrap
-from corral.infra.bootstrap import (
+from corral.machine.api_server import (
+    AUDIT_POLICY,
+    ENCRYPTION_CONFIG,
     ControlPlaneTls,
-    EtcdMemberTls,
-    JoinToken,
     api_server_secret_files,
-    etcd_secret_files,
-    pool_secret_files,
-    render_api_server_cloud_init,
-    render_etcd_cloud_init,
-    render_pool_cloud_init,
-    render_scheduler_config,
+    render_kubeadm_init_config,
 )
-from corral.certs.machine import ENABLE_COMMAND as CERT_METRICS_ENABLE
-from corral.infra.platform import SecretRef
+from corral.machine.cert_expiry import ENABLE_COMMAND as CERT_METRICS_ENABLE
+from corral.machine.cloud_init import render_api_server_cloud_init, render_etcd_cloud_init, render_pool_cloud_init
+from corral.machine.data_disk import AWS_ETCD_VOLUME_TAG, AZURE_ETCD_DEVICE, GCP_ETCD_DEVICE_NAME
+from corral.machine.etcd_member import EtcdMemberTls, etcd_secret_files
+from corral.machine.files import bundle, unbundle
+from corral.machine.kubeadm import (
+    CA_HASH_FILE,
+    CA_HASH_PLACEHOLDER,
+    NODE_NAME_PLACEHOLDER,
+    TOKEN_FILE,
+    TOKEN_PLACEHOLDER,
+    JoinToken,
+)
+from corral.machine.metadata_block import BLOCK_POD_METADATA_SCRIPT, BLOCK_POD_METADATA_UNIT
+from corral.machine.pool_node import pool_secret_files
+from corral.machine.scheduler import render_scheduler_config
+from corral.machine.secret_fetch import SecretRef
 from corral.model import load_fleet
 from corral.model.layout import layout
 
@@ -69,7 +78,7 @@ def cloud_config(text: str) -> tuple[dict[str, dict], list[str]]:
 
 def secret(files) -> dict[str, dict]:
     """A secret bundle's files in cloud_config's shape (path -> content, permissions), packed and unpacked."""
-    unpacked = bootstrap.unbundle(bootstrap.bundle(files))
+    unpacked = unbundle(bundle(files))
     return {path: {"content": f.content, "permissions": f.mode} for path, f in unpacked.items()}
 
 
@@ -148,11 +157,11 @@ def test_data_disk_found_by_stable_path_and_never_reformatted(name, device):
 def test_disk_paths_match_the_cloud_packages():
     """The bootstrap and each cloud package must agree on where the etcd disk appears."""
     azure = importlib.import_module("corral.infra.azure.common")
-    assert azure.ETCD_DISK_DEVICE == bootstrap.AZURE_ETCD_DEVICE
+    assert azure.ETCD_DISK_DEVICE == AZURE_ETCD_DEVICE
     aws = importlib.import_module("corral.infra.aws.etcd")
-    assert aws.VOLUME_TAG == bootstrap.AWS_ETCD_VOLUME_TAG
+    assert aws.VOLUME_TAG == AWS_ETCD_VOLUME_TAG
     gcp = importlib.import_module("corral.infra.gcp.etcd")
-    assert gcp.ETCD_DEVICE_NAME == bootstrap.GCP_ETCD_DEVICE_NAME
+    assert gcp.ETCD_DEVICE_NAME == GCP_ETCD_DEVICE_NAME
 
 
 # --- API servers ----------------------------------------------------------------------
@@ -183,7 +192,7 @@ def test_first_api_server_inits_with_external_etcd_and_large_cluster_flags():
     # kubeadm init registers its own short-lived token only; machines join with
     # tokens Pulumi registers (addons), the API servers' from their secret.
     assert [(t["token"], t["ttl"]) for t in init["bootstrapTokens"]] == [(INIT_TOKEN, "1h0m0s")]
-    assert files[bootstrap.TOKEN_FILE] == {"content": TOKEN + "\n", "permissions": "0600"}
+    assert files[TOKEN_FILE] == {"content": TOKEN + "\n", "permissions": "0600"}
     assert init["localAPIEndpoint"]["advertiseAddress"] == lay.api_servers[0].ip
     cluster_config = kubeadm["ClusterConfiguration"]
     assert cluster_config["controlPlaneEndpoint"] == lay.api_endpoint
@@ -205,7 +214,7 @@ def test_first_api_server_inits_with_external_etcd_and_large_cluster_flags():
     join_at = script.index('join --config "$JOIN_CONFIG"')
     assert script.index('if [ -z "$ENDPOINT" ]') < init_at < script.index("exit 0") < join_at
     assert docs(files["/etc/kubernetes/kubeadm/join.yaml"]["content"])["JoinConfiguration"]["controlPlane"]
-    # Then the hourly certificate expiry metrics (corral/certs/machine.py, tests/certs/test_machine_metrics.py).
+    # Then the hourly certificate expiry metrics (corral/machine/cert_expiry.py, tests/certs/test_machine_metrics.py).
     assert commands == [FETCH, "/usr/local/sbin/corral-api-server", CERT_METRICS_ENABLE]
 
 
@@ -241,11 +250,11 @@ def test_other_api_servers_join_the_control_plane():
     assert config["apiVersion"] == "kubeadm.k8s.io/v1beta3"
     assert config["controlPlane"]["localAPIEndpoint"]["advertiseAddress"] == lay.api_servers[2].ip
     # The token and the CA pin are filled in at boot from the fetched secret.
-    assert config["discovery"]["bootstrapToken"]["token"] == bootstrap.TOKEN_PLACEHOLDER
-    assert config["discovery"]["bootstrapToken"]["caCertHashes"] == [bootstrap.CA_HASH_PLACEHOLDER]
+    assert config["discovery"]["bootstrapToken"]["token"] == TOKEN_PLACEHOLDER
+    assert config["discovery"]["bootstrapToken"]["caCertHashes"] == [CA_HASH_PLACEHOLDER]
     script = files["/usr/local/sbin/corral-api-server"]["content"]
     assert 'join --config "$JOIN_CONFIG"' in script and "init --config" not in script
-    assert f"$(cat {bootstrap.TOKEN_FILE})" in script and f"$(cat {bootstrap.CA_HASH_FILE})" in script
+    assert f"$(cat {TOKEN_FILE})" in script and f"$(cat {CA_HASH_FILE})" in script
     # Discovery through any peer already up, never through itself.
     peers = script.split("for ip in ")[1].split(";")[0].split()
     assert peers == [lay.api_servers[0].ip, lay.api_servers[1].ip]
@@ -326,19 +335,19 @@ def test_pool_nodes_join_with_the_shared_template_and_their_labels_and_taints():
     discovery = join["discovery"]["bootstrapToken"]
     assert discovery == {
         "apiServerEndpoint": lay.api_endpoint,
-        "token": bootstrap.TOKEN_PLACEHOLDER, "caCertHashes": [bootstrap.CA_HASH_PLACEHOLDER],
+        "token": TOKEN_PLACEHOLDER, "caCertHashes": [CA_HASH_PLACEHOLDER],
     }
     # What the placeholders are filled from: the pool's own secret.
     keys = secret(pool_secret_files(POOL_TOKEN, DIGEST))
     assert keys == {
-        bootstrap.TOKEN_FILE: {"content": POOL_TOKEN + "\n", "permissions": "0600"},
-        bootstrap.CA_HASH_FILE: {"content": DIGEST + "\n", "permissions": "0600"},
+        TOKEN_FILE: {"content": POOL_TOKEN + "\n", "permissions": "0600"},
+        CA_HASH_FILE: {"content": DIGEST + "\n", "permissions": "0600"},
     }
     registration = join["nodeRegistration"]
-    assert registration["name"] == bootstrap.NODE_NAME_PLACEHOLDER
+    assert registration["name"] == NODE_NAME_PLACEHOLDER
     labels = dict(item.split("=", 1) for item in registration["kubeletExtraArgs"]["node-labels"].split(","))
     # + the GPU pool's template fingerprint (corral upgrade replaces nodes of an older one)
-    from corral.upgrade.rolling import TEMPLATE_LABEL, pool_template_fingerprint
+    from corral.machine.rollout import TEMPLATE_LABEL, pool_template_fingerprint
 
     assert labels == heron.node_labels(pool) | {TEMPLATE_LABEL: pool_template_fingerprint(heron, pool)}
     assert labels["corral.dev/team"] == "inference"
@@ -346,9 +355,9 @@ def test_pool_nodes_join_with_the_shared_template_and_their_labels_and_taints():
     assert ("corral.dev/team", "inference", "NoSchedule") in taints
     assert ("nvidia.com/gpu", "present", "NoSchedule") in taints
     script = files["/usr/local/sbin/corral-pool-node"]["content"]
-    assert bootstrap.NODE_NAME_PLACEHOLDER in script and 'join --config "$JOIN_CONFIG"' in script
+    assert NODE_NAME_PLACEHOLDER in script and 'join --config "$JOIN_CONFIG"' in script
     # The token and everything holding it leave the disk when the script ends.
-    assert f'trap \'rm -f "$JOIN_CONFIG" {bootstrap.TOKEN_FILE}' in script
+    assert f'trap \'rm -f "$JOIN_CONFIG" {TOKEN_FILE}' in script
     assert commands == [FETCH, "/usr/local/sbin/corral-pool-node"]
 
 
@@ -359,13 +368,13 @@ def test_pods_cannot_reach_the_instance_metadata_service():
     lay = layout(ibis)
     for document in (render_api_server_cloud_init(ibis, lay, 0, REF), render_pool_cloud_init(ibis, lay, ibis.cloud_pools[0], REF)):
         files, _ = cloud_config(document)
-        script = files[bootstrap.BLOCK_POD_METADATA_SCRIPT]["content"]
+        script = files[BLOCK_POD_METADATA_SCRIPT]["content"]
         assert f"PREROUTING -s {ibis.kubernetes.pod_cidr} -d 169.254.169.254/32" in script and "-j DROP)" in script
         assert "iptables -t raw -C" in script  # idempotent: checked before inserted
-        unit = files[f"/etc/systemd/system/{bootstrap.BLOCK_POD_METADATA_UNIT}"]["content"]
+        unit = files[f"/etc/systemd/system/{BLOCK_POD_METADATA_UNIT}"]["content"]
         assert "Before=kubelet.service" in unit and "ExecStart=/usr/local/sbin/corral-block-pod-metadata" in unit
         prep = files["/usr/local/sbin/corral-node-prep"]["content"]
-        assert prep.index(f"systemctl enable --now {bootstrap.BLOCK_POD_METADATA_UNIT}") < prep.index("systemctl enable kubelet")
+        assert prep.index(f"systemctl enable --now {BLOCK_POD_METADATA_UNIT}") < prep.index("systemctl enable kubelet")
 
 
 def test_nodes_get_the_clusters_arp_thresholds_and_pinned_kubernetes():
@@ -428,19 +437,19 @@ def test_api_servers_audit_and_encrypt_secrets():
     lay, files, _ = api_server(jaguar, 0)
     cluster_config = docs(files["/etc/kubernetes/kubeadm/init.yaml"]["content"])["ClusterConfiguration"]
     args = extra_args(cluster_config["apiServer"])
-    assert args["audit-policy-file"] == bootstrap.AUDIT_POLICY
+    assert args["audit-policy-file"] == AUDIT_POLICY
     assert args["audit-log-path"] == "/var/log/kubernetes/audit/audit.log"
     assert (args["audit-log-maxage"], args["audit-log-maxbackup"], args["audit-log-maxsize"]) == ("30", "10", "100")
-    assert args["encryption-provider-config"] == bootstrap.ENCRYPTION_CONFIG
+    assert args["encryption-provider-config"] == ENCRYPTION_CONFIG
     volumes = {v["name"]: v for v in cluster_config["apiServer"]["extraVolumes"]}
-    assert volumes["audit-policy"] == {"name": "audit-policy", "hostPath": bootstrap.AUDIT_POLICY,
-                                       "mountPath": bootstrap.AUDIT_POLICY, "readOnly": True, "pathType": "File"}
+    assert volumes["audit-policy"] == {"name": "audit-policy", "hostPath": AUDIT_POLICY,
+                                       "mountPath": AUDIT_POLICY, "readOnly": True, "pathType": "File"}
     assert volumes["audit-log"]["readOnly"] is False and volumes["audit-log"]["hostPath"] == "/var/log/kubernetes/audit"
     assert volumes["encryption-config"]["readOnly"] is True
-    assert bootstrap.ENCRYPTION_CONFIG.startswith(volumes["encryption-config"]["mountPath"] + "/")
+    assert ENCRYPTION_CONFIG.startswith(volumes["encryption-config"]["mountPath"] + "/")
     # The policy: in user data (no secret in it); the encryption key: in the secret, 0600.
     user_data, _ = cloud_config(render_api_server_cloud_init(jaguar, lay, 0, REF))
-    policy = yaml.safe_load(user_data[bootstrap.AUDIT_POLICY]["content"])
+    policy = yaml.safe_load(user_data[AUDIT_POLICY]["content"])
     assert policy["kind"] == "Policy" and policy["apiVersion"] == "audit.k8s.io/v1"
     levels = [(rule["level"], rule) for rule in policy["rules"]]
     secrets_rule = next(rule for level, rule in levels if any("secrets" in r.get("resources", []) for r in rule.get("resources", [])))
@@ -448,8 +457,8 @@ def test_api_servers_audit_and_encrypt_secrets():
     rbac = next(rule for level, rule in levels if any(r.get("group") == "rbac.authorization.k8s.io" for r in rule.get("resources", [])))
     assert rbac["level"] == "RequestResponse" and "get" not in rbac["verbs"]
     assert levels[0][0] == "None" and levels[-1] == ("Metadata", {"level": "Metadata"})
-    assert bootstrap.ENCRYPTION_CONFIG not in user_data
-    encryption = files[bootstrap.ENCRYPTION_CONFIG]
+    assert ENCRYPTION_CONFIG not in user_data
+    encryption = files[ENCRYPTION_CONFIG]
     assert encryption["permissions"] == "0600"
     config = yaml.safe_load(encryption["content"])
     assert config["kind"] == "EncryptionConfiguration"
@@ -461,6 +470,6 @@ def test_api_servers_audit_and_encrypt_secrets():
 
 def test_token_lifetime_is_what_the_stack_says():
     heron = example("heron")
-    init = docs(bootstrap.render_kubeadm_init_config(heron, layout(heron), TOKENS, token_ttl_hours=6))["InitConfiguration"]
+    init = docs(render_kubeadm_init_config(heron, layout(heron), TOKENS, token_ttl_hours=6))["InitConfiguration"]
     assert [t["ttl"] for t in init["bootstrapTokens"]] == ["6h0m0s", "6h0m0s"]
     assert [t["description"] for t in init["bootstrapTokens"]] == ["API servers", "a pool"]

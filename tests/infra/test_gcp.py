@@ -29,6 +29,7 @@ from ruamel.yaml import YAML
 
 from corral.infra import bootstrap
 from corral.infra.platform import ClusterContext
+from corral.machine.data_disk import ETCD_DISK_LOCATORS, GCP_ETCD_DEVICE_NAME
 from corral.model import load_cluster
 from corral.model.layout import node_group_name
 
@@ -779,11 +780,10 @@ def test_autoscaler_urls_come_from_the_migs_without_a_project(tmp_path):
 
 
 def test_bootstrap_mounts_etcd_from_the_device_the_disk_is_attached_as():
-    bootstrap = pytest.importorskip("corral.infra.bootstrap")
     from corral.infra.gcp import ETCD_DEVICE_NAME, ETCD_DEVICE_PATH
 
-    assert bootstrap.GCP_ETCD_DEVICE_NAME == ETCD_DEVICE_NAME
-    assert ETCD_DEVICE_PATH in bootstrap.ETCD_DISK_LOCATORS["gcp"]
+    assert GCP_ETCD_DEVICE_NAME == ETCD_DEVICE_NAME
+    assert ETCD_DEVICE_PATH in ETCD_DISK_LOCATORS["gcp"]
 
 
 def test_the_core_plan_of_ibis():

@@ -22,7 +22,6 @@ from corral.model import load_fleet
 from .conftest import CERT_PEM, EXAMPLES, ROOT, edited_cluster
 
 
-
 def example(name: str):
     return load_fleet([EXAMPLES]).clusters[name]
 
@@ -134,9 +133,9 @@ def test_unknown_cloud_package_is_a_clear_error():
 
 def test_cloud_errors_become_plan_errors(cluster_variant, monkeypatch):
     """A ValueError from a cloud package or the bootstrap is reported as one message."""
-    from corral.infra import bootstrap
+    from corral.machine import scheduler
 
-    monkeypatch.setattr(bootstrap, "SCHEDULER_PLUGINS_IMAGES", {})
+    monkeypatch.setattr(scheduler, "SCHEDULER_PLUGINS_IMAGES", {})
     with pytest.raises(PlanError, match="cluster jaguar: .*scheduler-plugins release for Kubernetes 1.31"):
         plan_cluster(example("jaguar"))
 
@@ -240,7 +239,7 @@ def test_cli_and_scheduler_config_do_not_import_pulumi():
     code = (
         "import sys\n"
         "import corral.cli\n"
-        "from corral.infra.bootstrap import render_scheduler_config\n"
+        "from corral.machine.scheduler import render_scheduler_config\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0].startswith('pulumi')))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)

@@ -23,19 +23,13 @@ import jinja2
 import pytest
 import yaml
 
-from corral.infra import bootstrap
-from corral.infra.bootstrap import (
-    METADATA_URL,
-    PROVIDER_ID_PLACEHOLDER,
-    PROVIDER_ID_SCHEMES,
-    PROVIDER_ID_SCRIPT,
-    ControlPlaneTls,
-    JoinToken,
-    render_api_server_cloud_init,
-    render_pool_cloud_init,
-    render_provider_id_script,
-)
-from corral.infra.platform import SecretRef
+from corral.machine.api_server import ControlPlaneTls, render_kubeadm_init_config
+from corral.machine.cloud_init import render_api_server_cloud_init, render_pool_cloud_init
+from corral.machine.files import TEMPLATES, render
+from corral.machine.kubeadm import CRI_SOCKET, JOIN_TEMPLATE, KUBEADM_DIR, PROVIDER_ID_PLACEHOLDER, JoinToken
+from corral.machine.kubelet_node import METADATA_URL, PROVIDER_ID_SCHEMES, PROVIDER_ID_SCRIPT, render_provider_id_script
+from corral.machine.pool_node import pool_secret_files
+from corral.machine.secret_fetch import SecretRef
 from corral.manifests.policy import autoscaler_args
 from corral.model import load_fleet
 from corral.model.layout import layout
@@ -226,14 +220,14 @@ def test_every_cloud_kubelet_machine_registers_with_a_provider_id(name):
         **{f"pool {p.name}": render_pool_cloud_init(cluster, lay, p, ref(cluster)) for p in cluster.cloud_pools},
     }
     # The first API server's init config travels in the secret store (it holds the tokens).
-    init = bootstrap.render_kubeadm_init_config(cluster, lay, TOKENS)
+    init = render_kubeadm_init_config(cluster, lay, TOKENS)
     init_registrations = [d["nodeRegistration"] for d in yaml.safe_load_all(init) if d and "nodeRegistration" in d]
     assert [kubelet_args(r)["provider-id"] for r in init_registrations] == [PROVIDER_ID_PLACEHOLDER]
     for what, document in documents.items():
         files = files_of(document)
         assert files[PROVIDER_ID_SCRIPT]["content"] == shipped, what
         assert files[PROVIDER_ID_SCRIPT]["permissions"] == "0755"
-        configs = [path for path in files if path.startswith(bootstrap.KUBEADM_DIR)]
+        configs = [path for path in files if path.startswith(KUBEADM_DIR)]
         assert configs, what
         for path in configs:
             registrations = [d["nodeRegistration"] for d in yaml.safe_load_all(files[path]["content"])
@@ -258,9 +252,9 @@ def test_pool_boot_script_fills_in_the_provider_id_before_joining(fake_metadata_
     kubeadm_dir, sbin, bin_dir = tmp_path / "kubeadm", tmp_path / "sbin", tmp_path / "bin"
     for folder in (kubeadm_dir, sbin, bin_dir):
         folder.mkdir()
-    (kubeadm_dir / "join.yaml").write_text(files[f"{bootstrap.KUBEADM_DIR}/join.yaml"]["content"])
+    (kubeadm_dir / "join.yaml").write_text(files[f"{KUBEADM_DIR}/join.yaml"]["content"])
     # What corral-fetch-secrets unpacked from the pool's secret.
-    for secret_file in bootstrap.pool_secret_files(TOKEN, DIGEST):
+    for secret_file in pool_secret_files(TOKEN, DIGEST):
         (kubeadm_dir / Path(secret_file.path).name).write_text(secret_file.content)
     (sbin / "corral-provider-id").write_text(files[PROVIDER_ID_SCRIPT]["content"].replace(METADATA_URL, base_url))
     (sbin / "corral-node-prep").write_text("#!/bin/bash\ntrue\n")
@@ -270,7 +264,7 @@ def test_pool_boot_script_fills_in_the_provider_id_before_joining(fake_metadata_
     for script in (*sbin.iterdir(), *bin_dir.iterdir()):
         script.chmod(0o755)
     boot = (files["/usr/local/sbin/corral-pool-node"]["content"]
-            .replace(bootstrap.KUBEADM_DIR, str(kubeadm_dir)).replace("/usr/local/sbin/", f"{sbin}/")
+            .replace(KUBEADM_DIR, str(kubeadm_dir)).replace("/usr/local/sbin/", f"{sbin}/")
             .replace("/etc/kubernetes/", f"{tmp_path}/"))
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "no_proxy": "*", "NO_PROXY": "*", "TMPDIR": str(tmp_path)}
     result = subprocess.run(["bash", "-c", boot], capture_output=True, text=True, timeout=120, env=env)
@@ -293,7 +287,7 @@ def test_pool_boot_stops_when_the_metadata_service_has_no_answer(fake_metadata_s
     files = files_of(render_pool_cloud_init(ibis, layout(ibis), ibis.cloud_pools[0], ref(ibis)))
     sbin, bin_dir = tmp_path / "sbin", tmp_path / "bin"
     sbin.mkdir(), bin_dir.mkdir()
-    (tmp_path / "join.yaml").write_text(files[f"{bootstrap.KUBEADM_DIR}/join.yaml"]["content"])
+    (tmp_path / "join.yaml").write_text(files[f"{KUBEADM_DIR}/join.yaml"]["content"])
     (sbin / "corral-provider-id").write_text(files[PROVIDER_ID_SCRIPT]["content"].replace(METADATA_URL, base_url))
     (sbin / "corral-node-prep").write_text("#!/bin/bash\ntrue\n")
     marker = tmp_path / "kubeadm-ran"
@@ -301,7 +295,7 @@ def test_pool_boot_stops_when_the_metadata_service_has_no_answer(fake_metadata_s
     for script in (*sbin.iterdir(), *bin_dir.iterdir()):
         script.chmod(0o755)
     boot = (files["/usr/local/sbin/corral-pool-node"]["content"]
-            .replace(f"{bootstrap.KUBEADM_DIR}/join.yaml", str(tmp_path / "join.yaml"))
+            .replace(f"{KUBEADM_DIR}/join.yaml", str(tmp_path / "join.yaml"))
             .replace("/usr/local/sbin/", f"{sbin}/").replace("/etc/kubernetes/", f"{tmp_path}/"))
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "no_proxy": "*", "NO_PROXY": "*", "TMPDIR": str(tmp_path)}
     result = subprocess.run(["bash", "-c", boot], capture_output=True, text=True, timeout=120, env=env)
@@ -336,10 +330,10 @@ def test_on_prem_join_configuration_has_no_provider_id():
         "api_endpoint": layout(jaguar).api_endpoint, "token": TOKEN, "ca_cert_hashes": [DIGEST],
         "node_name": "gpu-001.sf1.internal", "node_labels": jaguar.node_labels(onprem),
         "node_taints": [{"key": t.key, "value": t.value, "effect": t.effect} for t in jaguar.node_taints(onprem)],
-        "cri_socket": bootstrap.CRI_SOCKET, "kubernetes_version": jaguar.kubernetes.version,
+        "cri_socket": CRI_SOCKET, "kubernetes_version": jaguar.kubernetes.version,
     }
     assert set(values) == set(role_vars)  # exactly what the role passes
-    text = bootstrap.render(bootstrap.JOIN_TEMPLATE, **values)
+    text = render(JOIN_TEMPLATE, **values)
     registration = yaml.safe_load(text)["nodeRegistration"]
     assert "provider-id" not in kubelet_args(registration)
     assert "node-labels" in kubelet_args(registration)
@@ -350,7 +344,7 @@ def test_on_prem_join_configuration_has_no_provider_id():
 def test_join_template_with_a_provider_id_is_identical_under_every_whitespace_setting(version):
     """Ansible renders with trim_blocks, cloud-init without: the new branch keeps
     the template's whitespace rule."""
-    template = bootstrap.TEMPLATES / bootstrap.JOIN_TEMPLATE
+    template = TEMPLATES / JOIN_TEMPLATE
     for labels in ({}, {"corral.dev/pool": "cpu"}):
         values = {"api_endpoint": "10.0.0.5:6443", "token": TOKEN, "ca_cert_hashes": [DIGEST], "node_name": "n1",
                   "node_labels": labels, "node_taints": [], "kubernetes_version": version,
@@ -360,7 +354,7 @@ def test_join_template_with_a_provider_id_is_identical_under_every_whitespace_se
             env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(template.parent.parent)),
                                      undefined=jinja2.StrictUndefined,
                                      trim_blocks=trim, lstrip_blocks=lstrip, keep_trailing_newline=keep)
-            outputs.add(env.get_template(bootstrap.JOIN_TEMPLATE).render(**values))
+            outputs.add(env.get_template(JOIN_TEMPLATE).render(**values))
         assert len(outputs) == 1, "\n=====\n".join(outputs)
         args = kubelet_args(yaml.safe_load(outputs.pop())["nodeRegistration"])
         assert args["provider-id"] == "gce://p/us-central1-a/n1"

@@ -24,9 +24,8 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from corral.infra import bootstrap
-from corral.infra.bootstrap import File
-from corral.infra.platform import SecretRef
+from corral.machine.files import File, bundle, render
+from corral.machine.secret_fetch import SecretRef, fetch_context, fetch_script
 
 KEY = "-----BEGIN PRIVATE KEY-----\nfake-key\n-----END PRIVATE KEY-----\n"
 CERT = "-----BEGIN CERTIFICATE-----\nfake-cert\n-----END CERTIFICATE-----\n"
@@ -149,7 +148,7 @@ def fake_cloud():
     servers = []
 
     def start(secret_name: str, refuse_first: int = 0) -> tuple[str, FakeCloud]:
-        cloud = FakeCloud(secret_name, bootstrap.bundle(FILES), refuse_first)
+        cloud = FakeCloud(secret_name, bundle(FILES), refuse_first)
         server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(cloud))
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
@@ -162,10 +161,10 @@ def fake_cloud():
 
 
 def run_fetch(ref: SecretRef, base_url: str, root: Path, attempts: int = 3) -> subprocess.CompletedProcess:
-    context = bootstrap.fetch_context(ref, root=str(root), endpoints=(base_url, base_url))
+    context = fetch_context(ref, root=str(root), endpoints=(base_url, base_url))
     context.update(attempts=attempts, retry_seconds=0)
     script = root.parent / "fetch.sh"
-    script.write_text(bootstrap.render("scripts/fetch-secrets.sh.j2", **context))
+    script.write_text(render("scripts/fetch-secrets.sh.j2", **context))
     env = {"PATH": os.environ["PATH"], "no_proxy": "*", "NO_PROXY": "*"}
     return subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60, env=env)
 
@@ -210,7 +209,7 @@ def test_the_shipped_script_talks_to_the_real_services_and_keeps_credentials_off
         "azure": ("http://169.254.169.254", "https://kv-jaguar-123456.vault.azure.net"),
     }
     for cloud, ref in REFS.items():
-        script = bootstrap.fetch_script(ref).content
+        script = fetch_script(ref).content
         metadata, api = expected[cloud]
         assert f"METADATA={metadata}" in script and f"API={api}" in script
         assert f"CLOUD={cloud}" in script and f"SECRET_NAME={ref.name}" in script
@@ -219,4 +218,4 @@ def test_the_shipped_script_talks_to_the_real_services_and_keeps_credentials_off
             assert "Authorization: Bearer $token\" \"" not in line
             assert not ("--user" in line or " -u " in line), line
     with pytest.raises(ValueError, match="no secret store for cloud 'openstack'"):
-        bootstrap.fetch_context(SecretRef("openstack", "", "x"))
+        fetch_context(SecretRef("openstack", "", "x"))

@@ -20,8 +20,10 @@ from typing import Any
 import pytest
 from pulumi.runtime import rpc
 
-from corral.infra import bootstrap
 from corral.infra.plan import plan_stack
+from corral.machine.api_server import ENCRYPTION_CONFIG
+from corral.machine.files import unbundle
+from corral.machine.kubeadm import CA_HASH_FILE, TOKEN_FILE
 from corral.model import load_fleet
 from corral.model.layout import layout
 
@@ -152,13 +154,13 @@ def test_user_data_names_the_machines_secret_and_the_store_holds_it(applied):
     bundles = {}
     for kind, resource, value in _secrets(mocks):
         text = value["value"] if isinstance(value, dict) else value
-        bundles[resource] = bootstrap.unbundle(text)
+        bundles[resource] = unbundle(text)
     files = {path: f for bundle in bundles.values() for path, f in bundle.items()}
     assert KEY_PEM in files["/etc/kubernetes/pki/ca.key"].content
     assert files["/etc/kubernetes/pki/ca.key"].mode == "0600"
     assert files["/etc/etcd/pki/peer.key"].mode == "0600"
-    assert ENCRYPTION_KEY_B64 in files[bootstrap.ENCRYPTION_CONFIG].content
-    tokens = [f.content.strip() for bundle in bundles.values() for path, f in bundle.items() if path == bootstrap.TOKEN_FILE]
+    assert ENCRYPTION_KEY_B64 in files[ENCRYPTION_CONFIG].content
+    tokens = [f.content.strip() for bundle in bundles.values() for path, f in bundle.items() if path == TOKEN_FILE]
     cluster = load_fleet([EXAMPLES]).clusters[name]
     # The API servers' token, and one per cloud pool: all different.
     assert len(tokens) == len(set(tokens)) == 1 + len(cluster.cloud_pools)
@@ -169,7 +171,7 @@ def test_user_data_names_the_machines_secret_and_the_store_holds_it(applied):
     assert len(etcd) == len(lay.etcd_members) + len(lay.events_members)
     for bundle in etcd:
         assert all(path.startswith("/etc/etcd/pki/") for path in bundle)
-    pools = [b for b in bundles.values() if set(b) == {bootstrap.TOKEN_FILE, bootstrap.CA_HASH_FILE}]
+    pools = [b for b in bundles.values() if set(b) == {TOKEN_FILE, CA_HASH_FILE}]
     assert len(pools) == len(cluster.cloud_pools)
 
 

@@ -357,12 +357,11 @@ def test_prometheus_scrapes_kubelets_directly_with_the_cluster_ca(name):
 def kubeadm_init_documents(cluster: Cluster) -> dict[str, dict]:
     from ruamel.yaml import YAML
 
-    bootstrap = pytest.importorskip("corral.infra.bootstrap")
+    from corral.machine.api_server import render_kubeadm_init_config
+    from corral.machine.kubeadm import JoinToken
+
     token = "abcdef.0123456789abcdef"
-    if hasattr(bootstrap, "JoinToken"):  # one token per purpose
-        text = bootstrap.render_kubeadm_init_config(cluster, layout(cluster), [bootstrap.JoinToken(token, "test")])
-    else:
-        text = bootstrap.render_kubeadm_init_config(cluster, layout(cluster), token)
+    text = render_kubeadm_init_config(cluster, layout(cluster), [JoinToken(token, "test")])
     return {d["kind"]: d for d in YAML(typ="safe", pure=True).load_all(text) if d}
 
 

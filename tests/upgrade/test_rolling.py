@@ -1,6 +1,6 @@
 """Cloud pools' rolling policy, read from the golden plans of heron (AWS), ibis
 (GCP) and jaguar (Azure): CPU pools roll surge-first on a new template, GPU
-pools are never rolled by a deploy (corral/upgrade/rolling.py)."""
+pools are never rolled by a deploy (corral/machine/rollout.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from corral.machine.rollout import KUBELET_HEALTHZ_PORT, SURGE_PERCENT
 from corral.model import load_cluster
-from corral.upgrade.rolling import KUBELET_HEALTHZ_PORT, SURGE_PERCENT
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,7 +76,7 @@ def test_every_node_stops_its_pods_gracefully_when_its_machine_shuts_down():
     every joining node) gives pods their SIGTERM within the clouds' shutdown window."""
     import yaml
 
-    from corral.infra.bootstrap import render_kubeadm_init_config
+    from corral.machine.api_server import render_kubeadm_init_config
     from corral.model.layout import layout
 
     for name in ("heron", "ibis", "jaguar"):
@@ -90,7 +90,7 @@ def test_every_node_stops_its_pods_gracefully_when_its_machine_shuts_down():
 def test_gpu_pool_nodes_carry_the_fingerprint_of_the_template_they_boot_from():
     """A driver, machine type, label or version change is a new template; scaling and zones are not.
     CPU pools carry none (their provider rolls them on every template change)."""
-    from corral.upgrade.rolling import TEMPLATE_LABEL, pool_template_fingerprint, template_labels
+    from corral.machine.rollout import TEMPLATE_LABEL, pool_template_fingerprint, template_labels
 
     heron = load_cluster(ROOT / "clusters" / "heron.yaml")
     pool = heron.pool("gpu-a10g")

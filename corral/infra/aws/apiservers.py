@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pulumi
 import pulumi_aws as aws
 
-from corral.infra.bootstrap import API_DNS_NAME_TAG, api_vips_by_zone
+from corral.machine.api_server import API_DNS_NAME_TAG, api_vips_by_zone
 from corral.infra.platform import ClusterContext
 from corral.model.layout import API_PORT
 

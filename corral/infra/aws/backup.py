@@ -7,7 +7,8 @@ import json
 import pulumi
 import pulumi_aws as aws
 
-from corral.infra.platform import ClusterContext, snapshot_location
+from corral.infra.platform import ClusterContext
+from corral.machine.etcd_snapshot import snapshot_location
 
 from .common import tags
 

@@ -237,7 +237,7 @@ class Network(pulumi.ComponentResource):
         for role, sg, zone_prefix in (("api", api, ("nodes",)), ("nodes", node, ())):
             for kind, protocol, ports, what in node_services:
                 from_nodes(role, sg, kind, protocol, ports, what, zone_prefix)
-        # The etcd members' node_exporter (their snapshot metrics, corral/etcd/machine.py),
+        # The etcd members' node_exporter (their snapshot metrics, corral/machine/node_exporter.py),
         # for the in-cluster Prometheus: from the Kubernetes nodes only, as above
         # (pods' traffic leaves a node with the node's address: flannel --ip-masq).
         from_nodes("etcd", etcd, "node-exporter", "tcp", node_exporter, "node-exporter of etcd members")

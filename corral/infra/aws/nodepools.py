@@ -10,7 +10,7 @@ import pulumi_aws as aws
 from corral.infra.platform import ClusterContext
 from corral.model import CloudPool, Cluster
 from corral.model.layout import node_group_name
-from corral.upgrade.rolling import SURGE_PERCENT, WARMUP_SECONDS, rolls_on_deploy
+from corral.machine.rollout import SURGE_PERCENT, WARMUP_SECONDS, rolls_on_deploy
 
 from .common import (
     check_zone,
@@ -75,7 +75,7 @@ def _check_tags(pool: CloudPool, all_tags: Mapping[str, str]) -> None:
 
 
 def instance_refresh(pool: CloudPool) -> dict | None:
-    """Surge-first instance refresh (corral/upgrade/rolling.py): launch, wait warm, then terminate."""
+    """Surge-first instance refresh (corral/machine/rollout.py): launch, wait warm, then terminate."""
     if not rolls_on_deploy(pool):
         return None
     return {

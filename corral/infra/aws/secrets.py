@@ -16,7 +16,8 @@ import json
 import pulumi
 import pulumi_aws as aws
 
-from corral.infra.platform import ClusterContext, SecretRef, pick
+from corral.infra.platform import ClusterContext, pick
+from corral.machine.secret_fetch import SecretRef
 
 from .common import tags
 

@@ -16,7 +16,8 @@ import uuid
 import pulumi
 import pulumi_azure_native as azure
 
-from corral.infra.platform import ClusterContext, snapshot_location
+from corral.infra.platform import ClusterContext
+from corral.machine.etcd_snapshot import snapshot_location
 
 from .common import location, tags
 

@@ -183,7 +183,7 @@ class Network(pulumi.ComponentResource):
                   description="the API load balancer's /readyz health probe"),
             _rule("allow-etcd", 120, "Tcp", [*etcd_hosts, *api_hosts], etcd_hosts, ETCD_PORTS,
                   description="etcd client and peer traffic: only etcd members and API servers"),
-            # The members' node-exporter (snapshot metrics, corral/etcd/machine.py) for the
+            # The members' node-exporter (snapshot metrics, corral/machine/node_exporter.py) for the
             # in-cluster Prometheus: from the Kubernetes nodes only (pods' traffic leaves a
             # node with the node's address: flannel --ip-masq).
             _rule("allow-etcd-node-exporter", 130, "Tcp", node_sources, etcd_hosts, str(NODE_EXPORTER_PORT),

@@ -11,7 +11,7 @@ import pulumi_azure_native as azure
 from corral.infra.platform import ClusterContext
 from corral.manifests.policy import autoscaler_node_groups
 from corral.model.schema import CloudPool
-from corral.upgrade.rolling import KUBELET_HEALTHZ_PORT, SURGE_PERCENT, WARMUP_SECONDS, rolls_on_deploy
+from corral.machine.rollout import KUBELET_HEALTHZ_PORT, SURGE_PERCENT, WARMUP_SECONDS, rolls_on_deploy
 
 from .common import (
     ADMIN_USERNAME,
@@ -73,7 +73,7 @@ def autoscaler_tags(ctx: ClusterContext, pool: CloudPool, min_size: int, max_siz
 
 
 def upgrade_policy(pool: CloudPool) -> azure.compute.UpgradePolicyArgs:
-    """Rolling, surge-first, for CPU pools; Manual for GPU pools (corral/upgrade/rolling.py)."""
+    """Rolling, surge-first, for CPU pools; Manual for GPU pools (corral/machine/rollout.py)."""
     if not rolls_on_deploy(pool):
         return azure.compute.UpgradePolicyArgs(mode="Manual")
     return azure.compute.UpgradePolicyArgs(

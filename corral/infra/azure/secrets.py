@@ -23,7 +23,8 @@ import uuid
 import pulumi
 import pulumi_azure_native as azure
 
-from corral.infra.platform import ClusterContext, SecretRef, pick
+from corral.infra.platform import ClusterContext, pick
+from corral.machine.secret_fetch import SecretRef
 
 from .common import location, subscription_of, tags
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pulumi
 import pulumi_gcp as gcp
 
-from corral.infra.platform import ClusterContext, snapshot_location
+from corral.infra.platform import ClusterContext
+from corral.machine.etcd_snapshot import snapshot_location
 
 from .common import labels
 from .secrets import member

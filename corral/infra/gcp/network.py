@@ -203,7 +203,7 @@ class Network(pulumi.ComponentResource):
                 source_tags=[TAG_ETCD, TAG_APISERVER],
                 target_tags=[TAG_ETCD],
             ),
-            # The members' node-exporter (snapshot metrics, corral/etcd/machine.py) for
+            # The members' node-exporter (snapshot metrics, corral/machine/node_exporter.py) for
             # the in-cluster Prometheus: from the Kubernetes nodes only, as "overlay"
             # (pods' traffic leaves a node with the node's address: flannel --ip-masq).
             # source_ranges and source_tags together match either (GCP ORs them).

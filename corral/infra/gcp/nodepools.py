@@ -46,7 +46,7 @@ import pulumi_gcp as gcp
 from corral.infra.platform import ClusterContext
 from corral.model.layout import node_group_name
 from corral.model.schema import CloudPool, Cluster
-from corral.upgrade.rolling import rolls_on_deploy
+from corral.machine.rollout import rolls_on_deploy
 
 from .common import (
     ATTACHABLE_GPUS,

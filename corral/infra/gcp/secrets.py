@@ -16,7 +16,8 @@ import hashlib
 import pulumi
 import pulumi_gcp as gcp
 
-from corral.infra.platform import ClusterContext, SecretRef, pick
+from corral.infra.platform import ClusterContext, pick
+from corral.machine.secret_fetch import SecretRef
 
 from .common import gce_name, labels
 

@@ -1,0 +1,73 @@
+"""The cluster's KubeSchedulerConfiguration (bin packing, Coscheduling), written on every API
+server and shown by the manifests (the same text both places).
+
+The scheduler-plugins kube-scheduler build replaces the static pod's image
+when the cluster gang-schedules (a kubeadm patch).
+"""
+
+from __future__ import annotations
+
+from corral.model import Cluster
+
+from .files import render
+
+SCHEDULER_CONFIG = "/etc/kubernetes/scheduler-config.yaml"
+SCHEDULER_KUBECONFIG = "/etc/kubernetes/scheduler.conf"
+SCHEDULER_IMAGE_PATCH = "/etc/kubernetes/patches/kube-scheduler+strategic.yaml"
+
+# MostAllocated weights. A node's score is the weighted mean of how full each
+# resource it has would be (resources a node has none of are left out, so CPU
+# nodes pack on cpu and memory alone). GPUs are the scarce, expensive
+# resource, and multi-GPU jobs need whole machines: weighting them 5x makes a
+# GPU node's score follow its GPU use, so GPU pods fill part-used GPU
+# machines first, whole machines stay free for 8-GPU jobs, and idle cloud GPU
+# machines stay empty for the autoscaler to remove.
+BIN_PACKING_WEIGHTS = ({"name": "cpu", "weight": 1}, {"name": "memory", "weight": 1}, {"name": "nvidia.com/gpu", "weight": 5})
+# How long scheduled members of a gang wait for the rest before all back off.
+COSCHEDULING_PERMIT_WAIT_SECONDS = 60
+# Coscheduling is not in kube-scheduler: the scheduler-plugins project ships a
+# kube-scheduler build with it, one release line per Kubernetes minor.
+SCHEDULER_PLUGINS_IMAGES = {
+    "1.29": "registry.k8s.io/scheduler-plugins/kube-scheduler:v0.29.7",
+    "1.30": "registry.k8s.io/scheduler-plugins/kube-scheduler:v0.30.6",
+    "1.31": "registry.k8s.io/scheduler-plugins/kube-scheduler:v0.31.8",
+}
+
+
+def coscheduling_image(cluster: Cluster) -> str | None:
+    """The scheduler-plugins kube-scheduler image, when the cluster gang-schedules."""
+    if not cluster.scheduling.coscheduling:
+        return None
+    minor = cluster.kubernetes.minor
+    image = SCHEDULER_PLUGINS_IMAGES.get(minor)
+    if image is None:
+        raise ValueError(
+            f"cluster {cluster.name}: scheduling.coscheduling needs a scheduler-plugins release for "
+            f"Kubernetes {minor}; corral knows {', '.join(sorted(SCHEDULER_PLUGINS_IMAGES))} "
+            "(corral/machine/scheduler.py SCHEDULER_PLUGINS_IMAGES)"
+        )
+    return image
+
+
+def render_scheduler_config(cluster: Cluster, kubeconfig: str = SCHEDULER_KUBECONFIG) -> str:
+    """The cluster's KubeSchedulerConfiguration (bin packing, Coscheduling) as YAML."""
+    coscheduling_image(cluster)  # an unknown Kubernetes minor fails here, with the reason
+    return render(
+        "scheduler/kube-scheduler-config.yaml.j2",
+        bin_packing=cluster.scheduling.bin_packing,
+        coscheduling=cluster.scheduling.coscheduling,
+        weights=list(BIN_PACKING_WEIGHTS),
+        permit_wait_seconds=COSCHEDULING_PERMIT_WAIT_SECONDS,
+        kubeconfig=kubeconfig,
+    )
+
+
+def scheduler_image_patch(image: str) -> str:
+    """kubeadm patch: run the scheduler-plugins build as the kube-scheduler static pod."""
+    return (
+        "# Rendered by corral: kube-scheduler from scheduler-plugins (Coscheduling).\n"
+        "spec:\n"
+        "  containers:\n"
+        "    - name: kube-scheduler\n"
+        f"      image: {image}\n"
+    )
