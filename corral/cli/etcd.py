@@ -38,13 +38,18 @@ def _members(cluster, events: bool):
 
 
 def _ctl(cluster, events: bool, endpoints: Optional[str], cacert, cert, key):
-    from corral.etcd import Etcdctl, Tls
+    from corral.etcd import EtcdError, Etcdctl, Tls
+    from corral.etcd.client import default_command_timeout
 
     if not (cacert and cert and key):
         fail("etcd needs a client certificate: --cacert, --cert and --key (or CORRAL_ETCD_CACERT, "
              "CORRAL_ETCD_CERT, CORRAL_ETCD_KEY)")
     urls = endpoints.split(",") if endpoints else [f"https://{m.ip}:2379" for m in _members(cluster, events)]
-    return Etcdctl(urls, tls=Tls(str(cacert), str(cert), str(key)))
+    try:
+        timeout = default_command_timeout()
+    except EtcdError as error:
+        fail(str(error))
+    return Etcdctl(urls, tls=Tls(str(cacert), str(cert), str(key)), command_timeout=timeout)
 
 
 def _size(n: int) -> str:

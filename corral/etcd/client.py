@@ -18,6 +18,7 @@ directory over SSH that runs locally on the member.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -25,12 +26,25 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 DEFAULT_COMMAND_TIMEOUT_SECONDS = 10
+# A member that does not answer costs this long per command: more over a slow
+# link, less where members are known to be dead (the tests).
+COMMAND_TIMEOUT_ENV = "CORRAL_ETCD_COMMAND_TIMEOUT"
 # A whole `snapshot save` of an 8 GiB database takes minutes, not seconds.
 SNAPSHOT_TIMEOUT_SECONDS = 900
 
 
 class EtcdError(Exception):
     """An etcd operation failed or a health gate refused; the message says which and why."""
+
+
+def default_command_timeout() -> int:
+    """etcdctl's --command-timeout: $CORRAL_ETCD_COMMAND_TIMEOUT seconds, else DEFAULT_COMMAND_TIMEOUT_SECONDS."""
+    value = os.environ.get(COMMAND_TIMEOUT_ENV, "").strip()
+    if not value:
+        return DEFAULT_COMMAND_TIMEOUT_SECONDS
+    if not value.isdigit() or int(value) < 1:
+        raise EtcdError(f"${COMMAND_TIMEOUT_ENV} is {value!r}: a whole number of seconds, 1 or more")
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -146,7 +160,7 @@ class Etcdctl:
     etcdctl: str = "etcdctl"
     etcdutl: str | None = None
     prefix: Sequence[str] = ()
-    command_timeout: int = DEFAULT_COMMAND_TIMEOUT_SECONDS
+    command_timeout: int = field(default_factory=lambda: default_command_timeout())
     run: Callable[..., subprocess.CompletedProcess] = field(default=subprocess.run, repr=False)
 
     def __post_init__(self) -> None:

@@ -186,6 +186,7 @@ def test_script_passes_shellcheck(tmp_path):
     assert result.returncode == 0, result.stdout
 
 
+@pytest.mark.root
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 @pytest.mark.skipif(os.geteuid() != 0, reason="systemd-analyze verify creates /run/systemd/: root only "
                                               "(the units run as root on the machines)")

@@ -8,11 +8,14 @@ import pytest
 from typer.testing import CliRunner
 
 from corral.cli import app
+from corral.etcd.client import COMMAND_TIMEOUT_ENV
 
 from .local import LocalCluster, etcd_installed
 
 pytestmark = pytest.mark.skipif(not etcd_installed(), reason="etcd not installed (apt-get install etcd-server etcd-client)")
 CLUSTERS = str(Path(__file__).resolve().parents[2] / "clusters")
+# Seconds etcdctl waits for a member that does not answer (the code's own knob; 10 by default).
+DEAD_MEMBER_TIMEOUT = "3"
 
 
 def tls_args(cluster: LocalCluster) -> list[str]:
@@ -42,11 +45,19 @@ def test_status_snapshot_restore(local3, tmp_path):
     assert result.exit_code == 1 and "heron-etcd-9 is not a member" in result.output
 
 
-def test_status_of_an_unhealthy_cluster_exits_1_naming_the_member(local3):
+def test_status_of_an_unhealthy_cluster_exits_1_naming_the_member(local3, monkeypatch):
+    monkeypatch.setenv(COMMAND_TIMEOUT_ENV, DEAD_MEMBER_TIMEOUT)  # a dead member costs a command timeout
     local3.members["m1"].kill()
     result = CliRunner().invoke(app, ["etcd", "status", "heron", "--clusters", CLUSTERS, *tls_args(local3)])
     assert result.exit_code == 1
     assert "problem: m1 is unhealthy" in result.output
+
+
+def test_a_command_timeout_that_is_not_seconds_is_a_clear_error(local3, monkeypatch):
+    monkeypatch.setenv(COMMAND_TIMEOUT_ENV, "10s")
+    result = CliRunner().invoke(app, ["etcd", "status", "heron", "--clusters", CLUSTERS, *tls_args(local3)])
+    assert result.exit_code == 1 and "$CORRAL_ETCD_COMMAND_TIMEOUT is '10s'" in result.output
+    assert "Traceback" not in result.output
 
 
 def test_without_a_client_certificate_it_says_what_is_missing(monkeypatch):
@@ -56,8 +67,9 @@ def test_without_a_client_certificate_it_says_what_is_missing(monkeypatch):
     assert result.exit_code == 1 and "--cacert, --cert and --key" in result.output
 
 
-def test_grow_and_shrink_one_member_at_a_time(local3):
+def test_grow_and_shrink_one_member_at_a_time(local3, monkeypatch):
     """jaguar's file says 5 members; local3 has 3 (m0-m2, not layout names, so --peer-url)."""
+    monkeypatch.setenv(COMMAND_TIMEOUT_ENV, DEAD_MEMBER_TIMEOUT)  # m3 dies on the way
     import threading
     import time
 

@@ -169,6 +169,7 @@ def run_fetch(ref: SecretRef, base_url: str, root: Path, attempts: int = 3) -> s
     return subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60, env=env)
 
 
+@pytest.mark.root
 @pytest.mark.skipif(os.geteuid() != 0, reason="the fetch restores the files' owners (tar --same-owner), "
                     "which needs root, as at boot (the bootstrap lab checks the owners)")
 @pytest.mark.parametrize("cloud", sorted(REFS))

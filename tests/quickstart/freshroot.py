@@ -122,6 +122,17 @@ class FreshRoot:
         if res.returncode != 0:
             raise LabError(f"useradd {name} failed: {res.output[-1000:]}")
 
+    def grant_passwordless_sudo(self, user: str) -> None:
+        """Debian's sudo, and `user` may run anything through it without a password (the
+        README's "normal user with password-less sudo")."""
+        res = self.run(["bash", "-c", "apt-get update -qq && DEBIAN_FRONTEND=noninteractive "
+                        "apt-get install -y -qq --no-install-recommends sudo >/dev/null"], timeout=900)
+        if res.returncode != 0:
+            raise LabError(f"installing sudo failed: {res.output[-1000:]}")
+        rule = self.path / "etc/sudoers.d" / f"corral-test-{user}"
+        rule.write_text(f"{user} ALL=(ALL:ALL) NOPASSWD: ALL\n")
+        rule.chmod(0o440)
+
     def run(self, argv: list[str], *, user: str = "root", cwd: str = "/", timeout: float = 1800,
             log: Path | None = None) -> Result:
         """Run a command in the container as ``user``; output goes to ``log`` too."""

@@ -3,8 +3,15 @@
 Each test restores a pristine bookworm root (minbase + git + python3: no pip,
 no venv, no curl, PEP 668 marker in place), clones this repository into it
 and runs the Quick start commands from README.md in a systemd-nspawn
-container, as root and as a normal user. CI runs this tier (`.ci/run`): what
-a new user sees is what CI sees.
+container:
+- as root: the demo (apt as root), its second run (nothing new), and the
+  test command's install step (apt as root) with every test collected;
+- as a normal user with password-less sudo: the demo and the README's test
+  command (apt through sudo), every tier: this is the suite's unit tier
+  (scripts/tiers.py runs only the root-only unit tests outside);
+- as a normal user without sudo on a bare machine: told what to install.
+The test command as root is CI's own run of it (`.ci/run`, a fresh checkout).
+What a new user sees is what CI sees.
 
 The commands are read from the README itself, so a README edit that breaks
 the Quick start fails here. The clone takes the committed HEAD.
@@ -28,7 +35,8 @@ REPO = Path(__file__).resolve().parents[2]
 CLUSTERS = sorted(p.stem for p in (REPO / "clusters").glob("*.yaml"))
 PLAN_FOOTER = re.compile(r"^(\d+) resources \((aws|gcp|azure)\), from the same program "
                          r"`pulumi up -s (\w+)` runs$", re.M)
-PYTEST_SUMMARY = re.compile(r"^=+ (.*) in [\d.]+s(?: \(.*\))? =+$", re.M)
+# scripts/tiers.py's closing line, summed over the tiers
+TIERS_CLOSING = re.compile(r"^tests: (\d+) passed, (\d+) failed, (\d+) skipped$", re.M)
 #: per command; a first run here takes about 3 minutes each
 COMMAND_TIMEOUT = 45 * 60
 
@@ -72,42 +80,46 @@ def _record(name: str, **figures) -> None:
     path.write_text(json.dumps(data, indent=1) + "\n")
 
 
-def _assert_demo_and_tests(results: dict[str, "object"], who: str) -> None:
-    demo, tests = results["bash scripts/demo"], results["bash scripts/test"]
+def _assert_demo(demo, who: str) -> None:
     assert demo.returncode == 0, f"{who}: bash scripts/demo failed:\n{demo.output[-4000:]}"
     footers = {m.group(3): m.group(2) for m in PLAN_FOOTER.finditer(demo.output)}
     assert sorted(footers) == CLUSTERS, (
         f"{who}: the demo did not print every cluster's plan: {footers}\n{demo.output[-3000:]}")
+
+
+def _assert_suite_passed(tests, who: str) -> tuple[int, int, int]:
+    """The README's test command ran every tier and its closing line counts no failure:
+    (passed, failed, skipped)."""
     assert tests.returncode == 0, f"{who}: bash scripts/test failed:\n{tests.output[-6000:]}"
-    summaries = PYTEST_SUMMARY.findall(_plain(tests.output))
-    assert summaries, f"{who}: no pytest summary line:\n{tests.output[-3000:]}"
-    summary = summaries[-1]
-    assert re.search(r"\d+ passed", summary) and "failed" not in summary and "error" not in summary, summary
+    closing = TIERS_CLOSING.findall(_plain(tests.output))
+    assert closing, f"{who}: no closing line from scripts/tiers.py:\n{tests.output[-3000:]}"
+    passed, failed, skipped = (int(n) for n in closing[-1])
+    assert passed > 0 and failed == 0, closing[-1]
+    return passed, failed, skipped
 
 
-def _run_quickstart(root: FreshRoot, user: str, checkout: str) -> dict:
-    results = {}
-    for command in quickstart_commands():
-        log = WORK / f"{root.path.name}-{user}-{command.split()[-1].replace('/', '_')}.log"
-        results[command] = root.run(["bash", "-c", command], user=user, cwd=checkout,
-                                    timeout=COMMAND_TIMEOUT, log=log)
-    return results
+def _run(root: FreshRoot, command: str, user: str, checkout: str):
+    log = WORK / f"{root.path.name}-{user}-{command.split()[-1].replace('/', '_')}.log"
+    return root.run(["bash", "-c", command], user=user, cwd=checkout, timeout=COMMAND_TIMEOUT, log=log)
 
 
 def test_readme_quick_start_is_the_two_commands():
     assert quickstart_commands() == ["bash scripts/demo", "bash scripts/test"]
 
 
-def test_quick_start_as_root_then_as_a_normal_user(fresh_root):
-    """Root runs the two commands on the fresh machine; then a normal user does, on the
-    same machine (the Debian packages root installed are there, nothing else is)."""
+def test_quick_start_as_root(fresh_root):
+    """Root on a fresh machine: the demo installs what it needs (apt as root, pip into .venv)
+    and plans every cluster; a second run installs nothing; corral is on PATH as the README
+    says; the test command's install step installs the test tools. The suite itself runs
+    once, as a normal user (the next test), and its root-only tests in CI's own run."""
+    demo_command, _ = quickstart_commands()
     fresh_root.clone(REPO, "/root/corral")
-    first = _run_quickstart(fresh_root, "root", "/root/corral")
-    _assert_demo_and_tests(first, "root")
+    demo = _run(fresh_root, demo_command, "root", "/root/corral")
+    _assert_demo(demo, "root")
+    assert "apt-get install python3-venv" in demo.output, "the demo installed nothing from apt as root"
 
     # A second run installs nothing new: no apt, no pip.
-    again = fresh_root.run(["bash", "-c", "bash scripts/demo"], cwd="/root/corral",
-                           timeout=COMMAND_TIMEOUT)
+    again = fresh_root.run(["bash", "-c", demo_command], cwd="/root/corral", timeout=COMMAND_TIMEOUT)
     assert again.returncode == 0, again.output[-3000:]
     assert "install: corral is installed in .venv (nothing new)" in again.output
     assert "apt-get install" not in again.output and "pip install" not in again.output
@@ -116,19 +128,38 @@ def test_quick_start_as_root_then_as_a_normal_user(fresh_root):
                                cwd="/root/corral", timeout=300)
     assert activated.returncode == 0 and "heron" in activated.output, activated.output[-2000:]
 
+    # The test command's install step as root (what `bash scripts/test` runs first): the
+    # test tools from apt as root, the test extra into .venv, a pytest that collects.
+    installed = _run(fresh_root, "bash scripts/install --test && .venv/bin/python -m pytest --collect-only -q",
+                     "root", "/root/corral")
+    assert installed.returncode == 0, installed.output[-4000:]
+    assert "apt-get install" in installed.output, "root's test install found nothing to install"
+    count = re.search(r"^(\d+) tests collected", _plain(installed.output), re.M)
+    assert count and int(count.group(1)) > 1000, installed.output[-2000:]
+
+    _record("root", demo_first_s=round(demo.seconds, 1), demo_warm_s=round(again.seconds, 1),
+            test_install_s=round(installed.seconds, 1))
+
+
+def test_quick_start_as_a_normal_user_with_sudo_runs_the_whole_suite(fresh_root):
+    """A normal user with password-less sudo on a fresh machine: the demo, then the README's test
+    command, which installs the Debian packages through sudo and runs every tier."""
+    demo_command, test_command = quickstart_commands()
     fresh_root.add_user("dev")
+    fresh_root.grant_passwordless_sudo("dev")
     fresh_root.clone(REPO, "/home/dev/corral", owner="dev")
-    as_user = _run_quickstart(fresh_root, "dev", "/home/dev/corral")
-    _assert_demo_and_tests(as_user, "normal user")
+    demo = _run(fresh_root, demo_command, "dev", "/home/dev/corral")
+    _assert_demo(demo, "normal user")
+    assert "apt-get install python3-venv" in demo.output, "the demo did not install through sudo"
+    tests = _run(fresh_root, test_command, "dev", "/home/dev/corral")
+    passed, failed, skipped = _assert_suite_passed(tests, "normal user")
     # the system Python is untouched: still externally managed, no pip in it
     system_pip = fresh_root.run(["python3", "-m", "pip", "--version"], timeout=60)
     assert system_pip.returncode != 0 and "No module named pip" in system_pip.output
 
-    _record("root", demo_first_s=round(first["bash scripts/demo"].seconds, 1),
-            test_first_s=round(first["bash scripts/test"].seconds, 1),
-            demo_warm_s=round(again.seconds, 1))
-    _record("user", demo_first_s=round(as_user["bash scripts/demo"].seconds, 1),
-            test_first_s=round(as_user["bash scripts/test"].seconds, 1))
+    # scripts/tiers.py counts this run's tests in the outer run's total
+    _record("user", demo_first_s=round(demo.seconds, 1), test_first_s=round(tests.seconds, 1),
+            passed=passed, failed=failed, skipped=skipped)
 
 
 def test_normal_user_on_a_bare_machine_is_told_what_to_install(fresh_root):
