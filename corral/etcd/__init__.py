@@ -9,8 +9,9 @@
 docs/etcd.md says how an operator uses them (`corral etcd ...`).
 """
 
-from .client import EndpointHealth, EndpointStatus, Etcdctl, EtcdError, Member, SnapshotStatus, Tls
-from .lifecycle import ClusterStatus, add_member, cluster_status, grow, remove_member, replace_member, require_healthy
+from .client import EndpointHealth, EndpointStatus, EtcdError, Etcdctl, Member, SnapshotStatus, Tls
+from .lifecycle import (ClusterStatus, add_member, cluster_status, grow, remove_member, replace_member,
+                        require_healthy)
 
 __all__ = [
     "ClusterStatus", "EndpointHealth", "EndpointStatus", "EtcdError", "Etcdctl", "Member", "SnapshotStatus", "Tls",

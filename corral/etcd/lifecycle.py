@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .client import EndpointHealth, EndpointStatus, Etcdctl, EtcdError, Member
+from .client import EndpointHealth, EndpointStatus, EtcdError, Etcdctl, Member
 
 # A follower this many raft entries behind the leader is not caught up
 # (etcd itself refuses to promote learners further behind than 10% of its

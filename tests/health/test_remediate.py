@@ -14,7 +14,7 @@ from corral.cli import app
 from corral.health.classify import FAULT_CONDITIONS, PREFLIGHT_CONDITION
 from corral.health.remediate import RemediationError, instance_command
 
-from .conftest import FAKE_BIN, ROOT
+from .conftest import FAKE_BIN, ROOT, cluster
 from .test_nodes_health import h100_fleet, node, sick
 
 FAKE_ANSIBLE = FAKE_BIN.parent / "fake_ansible"
