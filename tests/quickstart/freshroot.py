@@ -13,6 +13,7 @@ shortcut: nothing corral needs is pre-installed.
 
 from __future__ import annotations
 
+import configparser
 import contextlib
 import hashlib
 import json
@@ -86,6 +87,9 @@ class FreshRoot:
         for conf in PIP_CONFIGS:
             if Path(conf).is_file():
                 self._copy_in(Path(conf))
+                # and the files it names (a constraints file, a CA bundle): pip stops without them
+                for named in _files_named_in(Path(conf)):
+                    self._copy_in(named)
         if Path(LOCAL_CAS).is_dir():
             for cert in Path(LOCAL_CAS).rglob("*.crt"):
                 self._copy_in(cert)
@@ -175,6 +179,22 @@ class FreshRoot:
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _files_named_in(pip_config: Path) -> list[Path]:
+    """The existing files a pip configuration's settings point at (`constraint = /etc/...`)."""
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        parser.read(pip_config)
+    except configparser.Error:
+        return []
+    named = []
+    for section in parser.sections():
+        for value in parser[section].values():
+            for word in value.split():
+                if word.startswith("/") and Path(word).is_file():
+                    named.append(Path(word))
+    return named
 
 
 def _recipe() -> dict:
