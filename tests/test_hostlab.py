@@ -387,7 +387,8 @@ def test_teardown_leaves_nothing_behind(selftest_run_dir):
     cpu = lab_module._cpu_hierarchy()  # None: no cpu controller, no quota to test
     cfg = LabConfig(bridge="corralbr9", subnet="10.78.9.0/24", run_dir=selftest_run_dir,
                     machine_prefix="t9-", host_cpus=0.3 if cpu else None)
-    forward_before = Path("/proc/sys/net/ipv4/ip_forward").read_text()
+    alone = not lab_module.forward_users()  # other labs (xdist workers) may share ip_forward
+    forward_before = lab_module.IP_FORWARD.read_text()
     lab = Lab(cfg)
     try:
         hosts = lab.boot(2)
@@ -412,7 +413,14 @@ def test_teardown_leaves_nothing_behind(selftest_run_dir):
     finally:
         lab.teardown()
     assert _lab_leftovers("corralbr9", cfg.run_dir) == []
-    assert Path("/proc/sys/net/ipv4/ip_forward").read_text() == forward_before
+    still_running = lab_module.forward_users()
+    assert cfg.lab_dir not in still_running
+    if still_running:  # the other labs still route their hosts
+        assert lab_module.IP_FORWARD.read_text() == "1\n"
+    else:  # the last lab put the machine's own value back
+        assert not (lab_module.FORWARD_DIR / "original").exists()
+        if alone:
+            assert lab_module.IP_FORWARD.read_text() == forward_before
     assert not any(_alive(p) for p in pids)
 
 

@@ -854,8 +854,6 @@ class Lab:
         state_file = cfg.lab_dir / "network.json"
         state = json.loads(state_file.read_text()) if state_file.exists() else {}
         self._check_subnet_free()
-        if "ip_forward_old" not in state:
-            state["ip_forward_old"] = Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()
         state["bridge"] = cfg.bridge
         state["rules"] = self._iptables_rules()
         if not Path(f"/sys/class/net/{cfg.bridge}").exists():
@@ -868,7 +866,7 @@ class Lab:
         if addr.split("/")[0] not in res.stdout:
             _run(["ip", "addr", "add", addr, "dev", cfg.bridge], what="address bridge")
         _run(["ip", "link", "set", cfg.bridge, "up"])
-        Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
+        forward_acquire(cfg.lab_dir)
         for table, rule in state["rules"]:
             if _run(["iptables", "-w", "10", "-t", table, "-C", *rule], check=False).returncode != 0:
                 op = "-A" if table == "nat" else "-I"
@@ -1247,10 +1245,7 @@ def _cleanup_lab_dir(lab_dir: Path) -> None:
     _delete_tagged_rules(bridge)
     if Path(f"/sys/class/net/{bridge}").exists() and state.get("bridge_created", True):
         _run(["ip", "link", "del", bridge], check=False)
-    old = state.get("ip_forward_old")
-    if old in ("0", "1"):
-        with contextlib.suppress(OSError):
-            Path("/proc/sys/net/ipv4/ip_forward").write_text(old + "\n")
+    forward_release(lab_dir)
     if _mounted_under(lab_dir):
         log.error("hostlab: %s still has mounts; not deleting it", lab_dir)
         return
@@ -1311,6 +1306,55 @@ def cleanup_all(run_dir: str | os.PathLike | None = None) -> None:
                 log.warning("lab %s belongs to live pid %s; skipping", lab_dir, pid)
                 continue
         _cleanup_lab_dir(lab_dir)
+
+
+# ip_forward is one setting of the whole machine, and labs run side by side
+# (pytest-xdist workers, modules with their own bridge): the first lab saves
+# the machine's value, every lab registers while it runs, and the last one to
+# go puts the value back. Not under a lab's run dir: labs of different run dirs
+# share the machine too.
+FORWARD_DIR = Path("/run/corral-hostlab-forward")
+IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
+
+
+def _forward_entry(lab_dir: Path) -> Path:
+    return FORWARD_DIR / (hashlib.sha256(str(lab_dir).encode()).hexdigest()[:16] + ".lab")
+
+
+def forward_users() -> list[Path]:
+    """The labs that need ip_forward now: registered, and their lab still set up."""
+    users = []
+    for entry in sorted(FORWARD_DIR.glob("*.lab")) if FORWARD_DIR.exists() else []:
+        with contextlib.suppress(OSError):
+            lab_dir = Path(entry.read_text().strip())
+            if (lab_dir / "network.json").exists():
+                users.append(lab_dir)
+                continue
+        entry.unlink(missing_ok=True)  # a lab that is gone without its teardown
+    return users
+
+
+def forward_acquire(lab_dir: Path) -> None:
+    with _flock(FORWARD_DIR / ".lock"):
+        saved = FORWARD_DIR / "original"
+        if not [u for u in forward_users() if u != lab_dir] and not saved.exists():
+            _write(saved, IP_FORWARD.read_text().strip() + "\n")
+        _write(_forward_entry(lab_dir), f"{lab_dir}\n")
+        IP_FORWARD.write_text("1\n")
+
+
+def forward_release(lab_dir: Path) -> None:
+    """Unregister `lab_dir`; the last lab puts the machine's value back."""
+    with _flock(FORWARD_DIR / ".lock"):
+        _forward_entry(lab_dir).unlink(missing_ok=True)
+        saved = FORWARD_DIR / "original"
+        if [u for u in forward_users() if u != lab_dir] or not saved.exists():
+            return
+        old = saved.read_text().strip()
+        if old in ("0", "1"):
+            with contextlib.suppress(OSError):
+                IP_FORWARD.write_text(old + "\n")
+        saved.unlink()
 
 
 @contextlib.contextmanager

@@ -98,8 +98,10 @@ def _assert_suite_passed(tests, who: str) -> tuple[int, int, int]:
     return passed, failed, skipped
 
 
-def _run(root: FreshRoot, command: str, user: str, checkout: str):
-    log = WORK / f"{root.path.name}-{user}-{command.split()[-1].replace('/', '_')}.log"
+def _run(root: FreshRoot, command: str, user: str, checkout: str, what: str | None = None):
+    """`command` as `user` in `checkout`; its output also goes to a log named after `what`
+    (default: the command's last word, e.g. scripts_demo)."""
+    log = WORK / f"{root.path.name}-{user}-{(what or command.split()[-1]).replace('/', '_')}.log"
     return root.run(["bash", "-c", command], user=user, cwd=checkout, timeout=COMMAND_TIMEOUT, log=log)
 
 
@@ -131,7 +133,7 @@ def test_quick_start_as_root(fresh_root):
     # The test command's install step as root (what `bash scripts/test` runs first): the
     # test tools from apt as root, the test extra into .venv, a pytest that collects.
     installed = _run(fresh_root, "bash scripts/install --test && .venv/bin/python -m pytest --collect-only -q",
-                     "root", "/root/corral")
+                     "root", "/root/corral", what="test-install")
     assert installed.returncode == 0, installed.output[-4000:]
     assert "apt-get install" in installed.output, "root's test install found nothing to install"
     count = re.search(r"^(\d+) tests collected", _plain(installed.output), re.M)
