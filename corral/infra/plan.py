@@ -311,12 +311,13 @@ def read_stack_config(path: Path | None) -> tuple[dict[str, str], list[str]]:
     """
     if path is None:
         return {}, []
-    from ruamel.yaml import YAML
+    from corral.model.document import Document, ValidationFailed
 
     try:
-        data = YAML(typ="safe").load(path.read_text()) or {}
-    except Exception as err:  # noqa: BLE001  (any YAML error becomes one message)
-        raise PlanError(f"cannot read stack settings {path}: {err}") from None
+        # the cluster files' reader: the same size and depth limits, syntax errors with their line
+        data = Document.read(path).load() or {}
+    except ValidationFailed as failed:
+        raise PlanError("cannot read stack settings: " + "; ".join(str(p) for p in failed.problems)) from None
     config = (data.get("config") or {}) if isinstance(data, dict) else {}
     values: dict[str, str] = {}
     secret_keys: list[str] = []

@@ -84,7 +84,7 @@ def limit_error(text: str) -> tuple[int, int, str] | None:
     """
     size = len(text.encode("utf-8", errors="surrogatepass"))
     if size > MAX_FILE_BYTES:
-        return 1, 1, f"file is {size:,} bytes; a cluster file may have at most {MAX_FILE_BYTES:,}"
+        return 1, 1, f"file is {size:,} bytes; a cluster or stack file may have at most {MAX_FILE_BYTES:,}"
     depth = 0
     # Per open collection: [anchor, depth it opened at, deepest level below it].
     open_: list[list] = []
@@ -113,7 +113,7 @@ def limit_error(text: str) -> tuple[int, int, str] | None:
                 if reached > MAX_DEPTH:
                     mark = event.start_mark
                     return mark.line + 1, mark.column + 1, (
-                        f"YAML nested deeper than {MAX_DEPTH} levels; a cluster file is a few levels deep"
+                        f"YAML nested deeper than {MAX_DEPTH} levels; a cluster or stack file is a few levels deep"
                     )
     except (YAMLError, RecursionError, MemoryError):
         return None  # the loader reports it

@@ -244,3 +244,17 @@ def test_cli_and_scheduler_config_do_not_import_pulumi():
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("depth", [3_000, 200_000])
+def test_a_stack_file_nested_too_deep_is_a_clear_error(fleet_dir, depth):
+    """Stack files go through the cluster files' reader: its size and depth limits, no
+    RecursionError traceback, no crash of the YAML parser (issue 25, item 7)."""
+    stacks = fleet_dir.parent / "stacks"
+    stacks.mkdir()
+    (stacks / "Pulumi.heron.yaml").write_text("config:\n  corral:x: " + "[" * depth + "]" * depth + "\n")
+    result = subprocess.run([sys.executable, "-m", "corral", "plan", "heron", "--clusters", str(fleet_dir)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, (result.returncode, result.stderr[-2000:])
+    assert "cannot read stack settings" in result.stderr and "Pulumi.heron.yaml:2:" in result.stderr
+    assert "nested deeper than 64 levels" in result.stderr and "Traceback" not in result.stderr
