@@ -43,6 +43,16 @@ def check_cluster_name(name: str) -> str:
         raise typer.BadParameter(f"cluster name {error}") from None
 
 
+def check_ssh_user_option(name: str) -> str:
+    """--ssh-user (or $CORRAL_ETCD_SSH_USER): a POSIX user name, never an ssh option."""
+    from corral.etcd.restore import check_ssh_user
+
+    try:
+        return check_ssh_user(name)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+
+
 ClusterArg = Annotated[str, typer.Argument(
     help="Cluster name (clusters/<name>.yaml).", show_default=False, callback=check_cluster_name)]
 

@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cluster_or_exit, fail, out
+from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, check_ssh_user_option, cluster_or_exit, fail, out
 
 app = typer.Typer(help="etcd: status, snapshots, restore, member replacement, growing and shrinking (docs/etcd.md).",
                   no_args_is_help=True)
@@ -175,7 +175,7 @@ def restore(name: ClusterArg, snapshot_file: Annotated[Path, typer.Argument(
                 envvar="CORRAL_ETCD_SSH", help="--all: the ssh command and its options "
                                                "(e.g. 'ssh -i key -J bastion').")] = "ssh",
             ssh_user: Annotated[str, typer.Option(
-                envvar="CORRAL_ETCD_SSH_USER", help="--all: ssh user; other than root, commands run "
+                envvar="CORRAL_ETCD_SSH_USER", callback=check_ssh_user_option, help="--all: ssh user; other than root, commands run "
                                                     "through `sudo -n`.")] = "root",
             member_address: Annotated[Optional[list[str]], typer.Option(
                 help="--all: NAME=ADDRESS of every member, instead of the cluster layout's (repeat it).")] = None,

@@ -9,7 +9,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cluster_or_exit, err, fail, out
+from .common import (DEFAULT_CLUSTERS, ClusterArg, ClustersOption, check_ssh_user_option, cluster_or_exit, err, fail,
+                     out)
 
 
 def _plan_table(plan) -> Table:
@@ -70,7 +71,7 @@ def upgrade(
         envvar="CORRAL_ETCD_SSH", help="--etcd-members: the ssh command and its options (e.g. 'ssh -J bastion').")
     ] = "ssh",
     ssh_user: Annotated[str, typer.Option(
-        envvar="CORRAL_ETCD_SSH_USER", help="--etcd-members: ssh user; other than root, commands run "
+        envvar="CORRAL_ETCD_SSH_USER", callback=check_ssh_user_option, help="--etcd-members: ssh user; other than root, commands run "
                                             "through sudo -n.")] = "root",
     cert_endpoints: Annotated[Optional[list[str]], typer.Option(
         "--cert-endpoint", help="--renew-certs: read MACHINE's certificate at HOST:PORT instead of its "

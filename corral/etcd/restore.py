@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shlex
 import subprocess
 import time
@@ -58,12 +59,29 @@ POLL_SECONDS = 1.0
 MIN_COPY_BYTES_PER_SECOND = 5 * 1024**2
 
 
+# A POSIX portable user name (IEEE Std 1003.1, 3.437: the portable filename
+# characters, not starting with a hyphen), at most 32 characters (useradd's
+# limit). It becomes part of ssh's `user@host` argument: a name that starts
+# with "-" would be read as an ssh option.
+SSH_USER = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,31}")
+
+
+def check_ssh_user(name: str) -> str:
+    if not SSH_USER.fullmatch(name):
+        raise ValueError(f"ssh user {name!r} is not a POSIX user name (letters, digits, '.', '_', '-', "
+                         "not starting with '-', at most 32)")
+    return name
+
+
 @dataclass(frozen=True)
 class Ssh:
     """How to reach a member: the operator's ssh command (with its options) and user."""
 
     command: tuple[str, ...] = ("ssh",)
     user: str = "root"
+
+    def __post_init__(self) -> None:
+        check_ssh_user(self.user)
 
     def argv(self, address: str) -> list[str]:
         """ssh to `address`, then root: directly, or through `sudo -n` (never a password prompt)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from corral.cli import app
@@ -62,6 +63,34 @@ def test_ssh_as_another_user_goes_through_sudo_without_a_prompt():
     assert Ssh(("ssh", "-J", "bastion"), "admin").argv("10.0.0.5") == [
         "ssh", "-J", "bastion", "admin@10.0.0.5", "sudo", "-n"]
     assert Ssh().argv("10.0.0.5") == ["ssh", "root@10.0.0.5"]
+
+
+@pytest.mark.parametrize("user", ["-oProxyCommand=touch /tmp/pwned", "admin@evil", "a b", "x" * 33, "r\u00f6ot"])
+def test_an_ssh_user_that_is_not_a_posix_name_is_refused_before_any_member_is_reached(tmp_path, monkeypatch, user):
+    """--ssh-user and $CORRAL_ETCD_SSH_USER become ssh's `user@host`: a name starting with '-' would be an
+    ssh option (issue 25, item 12)."""
+    snap = tmp_path / "s.db"
+    snap.write_bytes(b"x")
+    fake_ssh = tmp_path / "fake_ssh"  # records that it ran: it must not
+    fake_ssh.write_text(f"#!/bin/sh\ntouch {tmp_path / 'ran'}\nexit 255\n")
+    fake_ssh.chmod(0o755)
+    monkeypatch.setenv("CORRAL_ETCD_SSH_USER", user)
+    result = invoke(str(snap), "--all", "--ssh", str(fake_ssh), "--member-address", "m0=10.9.0.1")
+    assert result.exit_code == 2 and "is not a POSIX user name" in result.output, result.output
+    assert not (tmp_path / "ran").exists()
+    with pytest.raises(ValueError, match="not a POSIX user name"):
+        Ssh(("ssh",), user)
+    # the renewal's --etcd-members takes the same option
+    result = CliRunner().invoke(app, ["upgrade", "heron", "--renew-certs", "--etcd-members", "--ssh-user", user,
+                                      "--clusters", CLUSTERS])
+    assert result.exit_code == 2 and "is not a POSIX user name" in result.output, result.output
+
+
+def test_posix_user_names_are_accepted():
+    for user in ("root", "admin", "ops.team", "svc_etcd", "a-b", "_apt", "x" * 32):
+        assert Ssh(("ssh",), user).user == user
+    with pytest.raises(ValueError, match="not a POSIX user name"):
+        Ssh(("ssh",), "")
 
 
 def test_the_new_token_is_new_and_the_same_for_a_rerun_of_the_same_snapshot():
