@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import os
+import shutil
+import subprocess
 
 import pytest
 import yaml
@@ -375,6 +378,38 @@ def test_pods_cannot_reach_the_instance_metadata_service():
         assert "Before=kubelet.service" in unit and "ExecStart=/usr/local/sbin/corral-block-pod-metadata" in unit
         prep = files["/usr/local/sbin/corral-node-prep"]["content"]
         assert prep.index(f"systemctl enable --now {BLOCK_POD_METADATA_UNIT}") < prep.index("systemctl enable kubelet")
+
+
+def test_azure_pods_cannot_reach_the_wireserver_agent_ports_but_keep_its_dns():
+    """Azure's WireServer (168.63.129.16) serves the VM agent on 80 and 32526 and the VNet's DNS on
+    53: pods lose the first two (issue 25, item 11), keep DNS; other clouds have no such rule."""
+    jaguar, ibis = example("jaguar"), example("ibis")
+    files, _ = cloud_config(render_pool_cloud_init(jaguar, layout(jaguar), jaguar.pool("cpu-d64"), REF))
+    script = files[BLOCK_POD_METADATA_SCRIPT]["content"]
+    pods = jaguar.kubernetes.pod_cidr
+    for port in (80, 32526):
+        assert f"PREROUTING -s {pods} -d 168.63.129.16/32 -p tcp --dport {port} " in script
+    assert script.count("-d 168.63.129.16/32") == 2  # no rule for the whole address: DNS (53) stays
+    files, _ = cloud_config(render_pool_cloud_init(ibis, layout(ibis), ibis.cloud_pools[0], REF))
+    assert "168.63.129.16" not in files[BLOCK_POD_METADATA_SCRIPT]["content"]
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("iptables") is None or shutil.which("unshare") is None,
+                    reason="runs the rule script in a network namespace of its own: root, iptables, unshare")
+def test_the_rule_script_sets_its_rules_once_in_a_real_network_namespace(tmp_path):
+    jaguar = example("jaguar")
+    files, _ = cloud_config(render_pool_cloud_init(jaguar, layout(jaguar), jaguar.pool("cpu-d64"), REF))
+    script = tmp_path / "block"
+    script.write_text(files[BLOCK_POD_METADATA_SCRIPT]["content"])
+    # twice (every boot runs it), then what the kernel holds: a namespace of its own, nothing of the machine's
+    result = subprocess.run(["unshare", "--net", "bash", "-c", f"bash {script} && bash {script} && iptables -t raw -S PREROUTING"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    rules = [line for line in result.stdout.splitlines() if line.startswith("-A PREROUTING")]
+    assert len(rules) == 3, rules
+    assert any("-d 169.254.169.254/32" in r and "--dport" not in r for r in rules)
+    assert sorted(int(r.split("--dport ")[1].split()[0]) for r in rules if "168.63.129.16" in r) == [80, 32526]
 
 
 def test_nodes_get_the_clusters_arp_thresholds_and_pinned_kubernetes():
