@@ -104,6 +104,8 @@ class ApiServerReady(pulumi.dynamic.Resource):
 
 
 BOOTSTRAP_TOKEN_GROUP = "system:bootstrappers:kubeadm:default-node-token"
+# How far ahead of this machine's clock the rotation time may be (the clock that wrote it).
+ROTATION_CLOCK_SKEW = datetime.timedelta(minutes=5)
 
 
 def token_expiration(rotation: str | None, ttl_hours: int, now: datetime.datetime) -> str:
@@ -114,6 +116,10 @@ def token_expiration(rotation: str | None, ttl_hours: int, now: datetime.datetim
     the same on every `pulumi up` until the next rotation. Unset, the tokens
     expire `ttl_hours` after this run, so each `pulumi up` extends the same
     tokens (a warning says so).
+
+    A rotation time in the future (beyond ROTATION_CLOCK_SKEW) would make
+    tokens outlive their bound, and one whose tokens have expired would
+    register dead tokens: both are refused, with the time to use.
     """
     if rotation is None:
         issued = now
@@ -128,6 +134,20 @@ def token_expiration(rotation: str | None, ttl_hours: int, now: datetime.datetim
         if issued.tzinfo is None:
             issued = issued.replace(tzinfo=datetime.timezone.utc)
     expires = issued.astimezone(datetime.timezone.utc) + datetime.timedelta(hours=ttl_hours)
+    if rotation is not None:
+        now_text = now.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if issued > now + ROTATION_CLOCK_SKEW:
+            raise ValueError(
+                f"corral:bootstrapTokenRotation is {rotation!r}, in the future: its tokens would live until "
+                f"{expires:%Y-%m-%dT%H:%M:%SZ}, past their {ttl_hours} h bound. Give the time you issue them "
+                f"(now: {now_text}) in stacks/Pulumi.<cluster>.yaml"
+            )
+        if expires <= now:
+            raise ValueError(
+                f"corral:bootstrapTokenRotation is {rotation!r}: its tokens expired at {expires:%Y-%m-%dT%H:%M:%SZ} "
+                f"({ttl_hours} h after it), and new machines could not join. Rotate them: set it to now "
+                f"({now_text}) in stacks/Pulumi.<cluster>.yaml"
+            )
     return expires.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 

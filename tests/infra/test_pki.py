@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import re
 import shutil
 import subprocess
@@ -104,7 +105,9 @@ def test_every_cloud_pool_has_its_own_token_and_all_rotate_together(fake_plan, c
     `corral:bootstrapTokenRotation` changes (random keepers)."""
     ibis = example("ibis")
     pools = [p.name for p in ibis.cloud_pools]
-    for rotation, config in (("initial", {}), ("2026-11-24", {"corral:bootstrapTokenRotation": "2026-11-24"})):
+    # a rotation time within the tokens' lifetime (an expired one is refused: test_secret_store.py)
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for rotation, config in (("initial", {}), (now, {"corral:bootstrapTokenRotation": now})):
         pki = by_name(fake_plan(ibis, stack_config=config))
         tokens = sorted(name for name in pki if name.startswith("bootstrap-token"))
         assert tokens == sorted(

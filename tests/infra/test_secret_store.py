@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import datetime
 import gzip
 from typing import Any
 
@@ -199,7 +200,9 @@ def test_corral_plan_shows_user_data_with_references_only(name):
 def test_join_tokens_become_bootstrap_token_secrets_expiring_after_their_rotation():
     heron = load_fleet([EXAMPLES]).clusters["heron"]
     mocks = SecretRecordingMocks()
-    config = {"corral:bootstrapTokenRotation": "2026-11-24T06:00:00Z", "corral:bootstrapTokenTtlHours": "6"}
+    # issued an hour ago (a rotation whose tokens have expired is refused: see below)
+    issued = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0) - datetime.timedelta(hours=1)
+    config = {"corral:bootstrapTokenRotation": issued.strftime("%Y-%m-%dT%H:%M:%SZ"), "corral:bootstrapTokenTtlHours": "6"}
     from corral.infra.plan import plan_cluster, read_stack_config, stack_config_file
 
     stack, secret_keys = read_stack_config(stack_config_file("heron", EXAMPLES))
@@ -213,7 +216,8 @@ def test_join_tokens_become_bootstrap_token_secrets_expiring_after_their_rotatio
         data = inputs["stringData"]
         assert inputs["type"] == "bootstrap.kubernetes.io/token"
         assert inputs["metadata"] == {"name": f"bootstrap-token-{data['token-id']}", "namespace": "kube-system"}
-        assert data["expiration"] == "2026-11-24T12:00:00Z"  # rotation + 6 h, the same on every run
+        # rotation + 6 h, the same on every run
+        assert data["expiration"] == (issued + datetime.timedelta(hours=6)).strftime("%Y-%m-%dT%H:%M:%SZ")
         assert data["usage-bootstrap-authentication"] == data["usage-bootstrap-signing"] == "true"
         assert data["auth-extra-groups"] == "system:bootstrappers:kubeadm:default-node-token"
         token_ids.add(data["token-id"])
@@ -224,16 +228,35 @@ def test_join_tokens_become_bootstrap_token_secrets_expiring_after_their_rotatio
 
 
 def test_token_expiration_from_the_rotation_time():
-    import datetime
-
     from corral.infra.addons import token_expiration
 
     now = datetime.datetime(2026, 11, 24, 3, 0, tzinfo=datetime.timezone.utc)
-    assert token_expiration("2026-11-24T06:00:00Z", 24, now) == "2026-11-25T06:00:00Z"
-    assert token_expiration("2026-11-24T08:00:00+02:00", 1, now) == "2026-11-24T07:00:00Z"
+    assert token_expiration("2026-11-24T02:00:00Z", 24, now) == "2026-11-25T02:00:00Z"
+    assert token_expiration("2026-11-24T04:30:00+02:00", 1, now) == "2026-11-24T03:30:00Z"
     assert token_expiration(None, 24, now) == "2026-11-25T03:00:00Z"  # unset: from this run
     with pytest.raises(ValueError, match=r"corral:bootstrapTokenRotation is 'monday': give the time .* RFC 3339"):
         token_expiration("monday", 24, now)
+    # Issued a little ahead of this clock: fine; further ahead, tokens would outlive their bound.
+    assert token_expiration("2026-11-24T03:04:00Z", 24, now) == "2026-11-25T03:04:00Z"
+    with pytest.raises(ValueError, match=r"'2099-01-01T00:00:00Z', in the future: its tokens would live until "
+                                         r"2099-01-02T00:00:00Z, past their 24 h bound.*now: 2026-11-24T03:00:00Z"):
+        token_expiration("2099-01-01T00:00:00Z", 24, now)
+    # Tokens of a rotation older than their lifetime are dead: rotate.
+    with pytest.raises(ValueError, match=r"'2026-11-23T02:00:00Z': its tokens expired at 2026-11-24T02:00:00Z .* "
+                                         r"set it to now \(2026-11-24T03:00:00Z\)"):
+        token_expiration("2026-11-23T02:00:00Z", 24, now)
+
+
+def test_a_future_rotation_time_fails_the_plan_with_its_reason():
+    """The bypass of issue 25 (item 2): a rotation in 2099 with a 168 h lifetime registered tokens
+    that expired in 2099; the plan now stops with the reason, nothing is registered."""
+    from corral.infra.plan import PlanError, plan_cluster, read_stack_config, stack_config_file
+
+    heron = load_fleet([EXAMPLES]).clusters["heron"]
+    stack, secret_keys = read_stack_config(stack_config_file("heron", EXAMPLES))
+    config = {"corral:bootstrapTokenRotation": "2099-01-01T00:00:00Z", "corral:bootstrapTokenTtlHours": "168"}
+    with pytest.raises(PlanError, match="in the future: its tokens would live until 2099-01-08T00:00:00Z"):
+        plan_cluster(heron, stack_config={**stack, **config}, secret_config_keys=secret_keys)
 
 
 def test_unset_rotation_warns_that_tokens_are_extended():
