@@ -53,6 +53,16 @@ def check_ssh_user_option(name: str) -> str:
         raise typer.BadParameter(str(error)) from None
 
 
+def etcdctl_or_exit(endpoints, tls):
+    """The etcd client for `endpoints`; a bad $CORRAL_ETCD_COMMAND_TIMEOUT is one message, not a traceback."""
+    from corral.etcd import EtcdError, Etcdctl
+
+    try:
+        return Etcdctl(endpoints, tls=tls)
+    except EtcdError as error:
+        fail(str(error))
+
+
 ClusterArg = Annotated[str, typer.Argument(
     help="Cluster name (clusters/<name>.yaml).", show_default=False, callback=check_cluster_name)]
 

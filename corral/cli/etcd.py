@@ -14,7 +14,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, check_ssh_user_option, cluster_or_exit, fail, out
+from .common import (DEFAULT_CLUSTERS, ClusterArg, ClustersOption, check_ssh_user_option, cluster_or_exit,
+                     etcdctl_or_exit, fail, out)
 
 app = typer.Typer(help="etcd: status, snapshots, restore, member replacement, growing and shrinking (docs/etcd.md).",
                   no_args_is_help=True)
@@ -38,18 +39,13 @@ def _members(cluster, events: bool):
 
 
 def _ctl(cluster, events: bool, endpoints: Optional[str], cacert, cert, key):
-    from corral.etcd import EtcdError, Etcdctl, Tls
-    from corral.etcd.client import default_command_timeout
+    from corral.etcd import Tls
 
     if not (cacert and cert and key):
         fail("etcd needs a client certificate: --cacert, --cert and --key (or CORRAL_ETCD_CACERT, "
              "CORRAL_ETCD_CERT, CORRAL_ETCD_KEY)")
     urls = endpoints.split(",") if endpoints else [f"https://{m.ip}:2379" for m in _members(cluster, events)]
-    try:
-        timeout = default_command_timeout()
-    except EtcdError as error:
-        fail(str(error))
-    return Etcdctl(urls, tls=Tls(str(cacert), str(cert), str(key)), command_timeout=timeout)
+    return etcdctl_or_exit(urls, Tls(str(cacert), str(cert), str(key)))
 
 
 def _size(n: int) -> str:

@@ -9,8 +9,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from .common import (DEFAULT_CLUSTERS, ClusterArg, ClustersOption, check_ssh_user_option, cluster_or_exit, err, fail,
-                     out)
+from .common import (DEFAULT_CLUSTERS, ClusterArg, ClustersOption, check_ssh_user_option, cluster_or_exit, err,
+                     etcdctl_or_exit, fail, out)
 
 
 def _plan_table(plan) -> Table:
@@ -192,14 +192,14 @@ def _state_file(cluster, state_file, kind: str) -> Path:
 
 def _roll_control_plane(cluster, target, access, state_file, etcd_endpoints, tls, gate_timeout,
                         only=None, what="replaced") -> int:
-    from corral.etcd import Etcdctl, Tls, require_healthy
+    from corral.etcd import Tls, require_healthy
     from corral.model.layout import layout
     from corral.upgrade.controlplane import kubectl_gates, machine_urns, replace_machine, roll_control_plane
     from corral.upgrade.versions import UpgradeError
 
     state_file = _state_file(cluster, state_file, "upgrades")
     endpoints = etcd_endpoints or layout(cluster).etcd_client_urls()
-    ctl = Etcdctl(endpoints=endpoints, tls=Tls(*map(str, tls)) if tls else None)
+    ctl = etcdctl_or_exit(endpoints, Tls(*map(str, tls)) if tls else None)
     gates = kubectl_gates(access, lambda: require_healthy(ctl, action="replace an API server"), timeout=gate_timeout)
     machines = [m.name for m in layout(cluster).api_servers if only is None or m.name in only]
     try:
@@ -238,7 +238,7 @@ def _renew_etcd_certs(cluster, name, check, days, force, cert_endpoints, etcd_en
     from corral.certs.etcd_roll import RESTART, roll_etcd_members
     from corral.certs.expiry import now_utc
     from corral.certs.renew import ETCD_CLIENT_PORT, RenewError, choose, parse_endpoint_overrides, read_presented
-    from corral.etcd import EtcdError, Etcdctl, Tls
+    from corral.etcd import EtcdError, Tls
     from corral.etcd.restore import Remote, RestoreMember, Ssh
     from corral.model.layout import layout
 
@@ -257,7 +257,7 @@ def _renew_etcd_certs(cluster, name, check, days, force, cert_endpoints, etcd_en
     if tls is None:
         fail("--etcd-members needs the etcd client certificate for the health gates: --etcd-cacert, --etcd-cert "
              "and --etcd-key")
-    ctl = Etcdctl(etcd_endpoints or layout(cluster).etcd_client_urls(), tls=Tls(*map(str, tls)))
+    ctl = etcdctl_or_exit(etcd_endpoints or layout(cluster).etcd_client_urls(), Tls(*map(str, tls)))
     login = Ssh(tuple(shlex.split(ssh)), ssh_user)
 
     def restart(member: str) -> None:

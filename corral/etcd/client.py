@@ -160,7 +160,7 @@ class Etcdctl:
     etcdctl: str = "etcdctl"
     etcdutl: str | None = None
     prefix: Sequence[str] = ()
-    command_timeout: int = field(default_factory=lambda: default_command_timeout())
+    command_timeout: int = field(default_factory=default_command_timeout)
     run: Callable[..., subprocess.CompletedProcess] = field(default=subprocess.run, repr=False)
 
     def __post_init__(self) -> None:

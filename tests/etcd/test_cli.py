@@ -58,6 +58,14 @@ def test_a_command_timeout_that_is_not_seconds_is_a_clear_error(local3, monkeypa
     result = CliRunner().invoke(app, ["etcd", "status", "heron", "--clusters", CLUSTERS, *tls_args(local3)])
     assert result.exit_code == 1 and "$CORRAL_ETCD_COMMAND_TIMEOUT is '10s'" in result.output
     assert "Traceback" not in result.output
+    # `corral upgrade`'s health gates build their client through the same function
+    import typer
+
+    from corral.cli.common import etcdctl_or_exit
+
+    with pytest.raises(typer.Exit) as exited:
+        etcdctl_or_exit(["https://127.0.0.1:2379"], None)
+    assert exited.value.exit_code == 1
 
 
 def test_without_a_client_certificate_it_says_what_is_missing(monkeypatch):
