@@ -54,7 +54,7 @@ sites:
     cidrs: [10.{index}.0.0/16]
     vpn: {{peerAddress: 203.0.113.{index + 1}, bgpASN: {65000 + index}}}
 network:
-  flannel: {{mtu: 8950}}
+  flannel: {{mtu: 1350}}  # the Azure VPN gateway carries 1400 - 50 of VXLAN
 nodePools:
   - name: gpu-h100
     provider: onprem

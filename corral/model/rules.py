@@ -10,9 +10,11 @@ import ipaddress
 import re
 from collections.abc import Iterator, Mapping
 
+from .containerd import containerd_error
 from .hosts import expand
 from .layout import MAX_ZONES, layout, network_too_small
 from .disks import DISK_TYPES, attach_floor_error, disk_types_for, etcd_iops_floor, machine_series
+from .mtu import flannel_mtu_limit
 from .vm_disk_limits import vm_disk_caps
 from .schema import LABEL_DOMAIN, PRIVATE_NETWORKS, CloudPool, Cluster, OnPremPool, is_private_network
 
@@ -58,6 +60,7 @@ RESERVED_LABELS = frozenset(
 def check_cluster(cluster: Cluster) -> list[Finding]:
     return [
         *_control_plane(cluster),
+        *_containerd(cluster),
         *_etcd_disk(cluster),
         *_etcd_disk_shape(cluster),
         *_etcd_disk_vm_caps(cluster),
@@ -102,6 +105,12 @@ def _control_plane(cluster: Cluster) -> Iterator[Finding]:
     ):
         if message := machine_type_error(cp.cloud, machine_type):
             yield path, message
+
+
+def _containerd(cluster: Cluster) -> Iterator[Finding]:
+    kubernetes = cluster.kubernetes
+    if message := containerd_error(kubernetes.version, kubernetes.containerd):
+        yield ("kubernetes", "containerd"), message
 
 
 def _etcd_disk(cluster: Cluster) -> Iterator[Finding]:
@@ -322,12 +331,15 @@ def _network_settings(cluster: Cluster) -> Iterator[Finding]:
             f"ARP thresholds must ascend: gcThresh1 {arp.gc_thresh1} < gcThresh2 "
             f"{arp.gc_thresh2} < gcThresh3 {arp.gc_thresh3}"
         )
-    for i, pool in enumerate(cluster.node_pools):
-        roce = getattr(pool, "roce", None)
-        if roce and flannel.mtu > roce.mtu - 50:
-            yield ("nodePools", i, "roce", "mtu"), (
-                f"flannel's MTU {flannel.mtu} needs a NIC MTU of at least {flannel.mtu + 50} "
-                f"(VXLAN adds 50 bytes); this pool's is {roce.mtu}"
+    # One MTU for the whole pod network, no larger than its smallest path
+    # (mtu.py). The RoCE NICs are no such path: flanneld sends from the
+    # interface of the default route, never the RoCE fabric.
+    if flannel.backend != "host-gw":  # refused by _pod_network_backend
+        limit, why = flannel_mtu_limit(cluster.control_plane.cloud, cluster.vpn_site_names, flannel.backend)
+        if flannel.mtu > limit:
+            yield ("network", "flannel", "mtu"), (
+                f"flannel's MTU {flannel.mtu} is more than the pod network's paths carry: {why}; "
+                f"use at most {limit}"
             )
 
 

@@ -28,7 +28,9 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from . import hosts as hostnames
+from .containerd import DEFAULT_CONTAINERD, package_version
 from .disks import DEFAULT_DISK_TYPE, DISK_TYPES, default_throughput, etcd_iops_floor
+from .mtu import DEFAULT_FLANNEL_MTU, flannel_mtu_limit
 
 API_VERSION = "corral.dev/v1"
 Cloud = Literal["azure", "aws", "gcp"]
@@ -191,6 +193,15 @@ def check_kubernetes_version(value: str) -> str:
     return value
 
 
+_CONTAINERD_VERSION = re.compile(r"[0-9]{1,2}\.[0-9]{1,3}\.[0-9]{1,3}\Z")
+
+
+def check_containerd_version(value: str) -> str:
+    if not _CONTAINERD_VERSION.match(value):
+        raise ValueError(f"{shown(value)} must be a full containerd version like \"1.7.27\" (quoted)")
+    return value
+
+
 _NAME_JSON_SCHEMA = {"type": "string", "pattern": _ecma(_DNS_LABEL.pattern), "maxLength": 40}
 LabelKey = Annotated[str, AfterValidator(check_label_key)]
 LabelValue = Annotated[
@@ -206,6 +217,10 @@ HostPattern = Annotated[str, AfterValidator(check_host_pattern)]
 KubernetesVersion = Annotated[
     str, AfterValidator(check_kubernetes_version),
     WithJsonSchema({"type": "string", "pattern": _ecma(_KUBERNETES_VERSION.pattern)}),
+]
+ContainerdVersion = Annotated[
+    str, AfterValidator(check_containerd_version),
+    WithJsonSchema({"type": "string", "pattern": _ecma(_CONTAINERD_VERSION.pattern)}),
 ]
 
 Region = strict_text(r"[a-z][a-z0-9-]*[a-z0-9]\Z", "a region name of lower-case letters, digits and '-'",
@@ -277,11 +292,22 @@ class KubernetesSpec(Spec):
     version: KubernetesVersion
     pod_cidr: PrivateCidr = Field("10.128.0.0/14", alias="podCIDR")
     service_cidr: PrivateCidr = Field("10.96.0.0/16", alias="serviceCIDR")
+    # The containerd every node runs, as Docker's containerd.io package (the
+    # distributions' are too old: corral/model/containerd.py); rules.py checks
+    # it against containerd's minimum for `version`.
+    containerd: ContainerdVersion = Field(
+        DEFAULT_CONTAINERD, description=f"containerd release (Docker's containerd.io), default {DEFAULT_CONTAINERD}",
+    )
 
     @property
     def minor(self) -> str:
         """`1.31` of `1.31.4`: the apt repository track and API schema set."""
         return ".".join(self.version.split(".")[:2])
+
+    @property
+    def containerd_package_version(self) -> str:
+        """The containerd.io package version to install (`1.7.27-1`); the rules refuse versions without one."""
+        return package_version(self.containerd)
 
 
 class ApiServers(Spec):
@@ -356,7 +382,12 @@ class Site(Spec):
 class Flannel(Spec):
     backend: Literal["vxlan", "host-gw", "wireguard", "ipip"] = "vxlan"
     direct_routing: bool = True
-    mtu: int = Field(1450, ge=1280, le=9000)
+    # Pod interface MTU on every node (docs/addons.md, flannel MTU); unset:
+    # 1450, or less where the cluster's paths carry less (mtu.py).
+    mtu: int | None = Field(
+        None, ge=1280, le=9000,
+        description=f"pod MTU; default {DEFAULT_FLANNEL_MTU}, or the most the cloud NICs and site VPNs carry if less",
+    )
     vni: int = Field(1, ge=1, le=16_777_215)
     port: int = Field(8472, ge=1, le=65_535)
 
@@ -581,6 +612,10 @@ class Cluster(Spec):
         nodes = self.node_capacity
         if self.network.arp_cache is None:
             self.network.arp_cache = ArpCache.for_nodes(nodes)
+        flannel = self.network.flannel
+        if flannel.mtu is None:
+            limit, _ = flannel_mtu_limit(self.control_plane.cloud, self.vpn_site_names, flannel.backend)
+            flannel.mtu = max(1280, min(DEFAULT_FLANNEL_MTU, limit))
         etcd = self.control_plane.etcd
         disk = etcd.disk
         if disk.type is None:
@@ -619,6 +654,11 @@ class Cluster(Spec):
 
     def site(self, name: str) -> Site | None:
         return next((s for s in self.sites if s.name == name), None)
+
+    @property
+    def vpn_site_names(self) -> list[str]:
+        """Sites joined over a VPN: pod traffic to them crosses its tunnel."""
+        return [s.name for s in self.sites if s.vpn]
 
     def teams_reserving(self, pool_name: str) -> list[Team]:
         return [t for t in self.scheduling.teams if pool_name in t.reserved_pools]

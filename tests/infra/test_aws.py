@@ -237,6 +237,8 @@ def with_sites(data: dict) -> None:
         # A site reached some other way: no VPN for it.
         {"name": "lab", "cidrs": ["10.80.0.0/16"]},
     ]
+    # heron's jumbo MTU does not cross a VPN; the model's default fits it (corral/model/mtu.py).
+    data["network"]["flannel"].pop("mtu")
     data["nodePools"].append({
         "name": "gpu-h100-pdx1", "provider": "onprem", "site": "pdx1",
         "hosts": ["gpu-[001:016].pdx1.internal"],
