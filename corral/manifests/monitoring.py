@@ -51,7 +51,7 @@ SIZING_STEP_NODES = 250
 # measures 8 series per CPU, 1,536 at 192 CPUs, ~35 per network interface and
 # ~270 others: ~2,300 with 13 interfaces; bare metal adds per-CPU frequency
 # series, more NICs and disks), cAdvisor's kept metrics for ~40 containers,
-# dcgm-exporter's default counters per GPU.
+# dcgm-exporter's counters per GPU (DCGM_COUNTERS: 36 series, rounded up).
 NODE_EXPORTER_SERIES = 3_000
 CADVISOR_SERIES = 600
 DCGM_SERIES_PER_GPU = 40
@@ -164,6 +164,100 @@ def global_size(cluster: Cluster) -> PrometheusSize:
     return _size(series, nodes, cluster.monitoring.retention_days)
 
 
+# --- dcgm-exporter's counters ---------------------------------------------------
+
+# What dcgm-exporter collects: corral's own file (ConfigMap dcgm-exporter-counters,
+# passed with $DCGM_EXPORTER_COLLECTORS, the env form of its -f/--collectors
+# flag), not the image's /etc/dcgm-exporter/default-counters.csv, which has
+# DCGM_FI_DEV_ECC_DBE_VOL_TOTAL commented out: GPUMemoryErrors could never
+# fire. Rows are dcgm-exporter's CSV (field, Prometheus type, help; `#`
+# starts a comment), the upstream file's rows as of 3.3.9-3.6.1 unless a
+# comment says otherwise (github.com/NVIDIA/dcgm-exporter etc/default-counters.csv;
+# every field name is in go-dcgm's DCGM_FI table that release builds with,
+# else dcgm-exporter refuses the file and exits). Every counter a rule,
+# recording rule, dashboard or `corral usage` reads must be here
+# (tests/manifests/test_dcgm_counters.py). A `label` row becomes a label on
+# every series, not a series.
+DCGM_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    # Clocks, temperature, power.
+    ("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz)."),
+    ("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz)."),
+    ("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C)."),
+    ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C)."),
+    ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W)."),
+    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter", "Total energy consumption since boot (in mJ)."),
+    # PCIe. The two byte rates are profiling (DCP) fields, typed gauge as the
+    # upstream file now has them (it had them as counters in 3.3.9-3.6.1).
+    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries."),
+    ("DCGM_FI_PROF_PCIE_TX_BYTES", "gauge", "Rate of data transmitted over the PCIe bus (bytes per second)."),
+    ("DCGM_FI_PROF_PCIE_RX_BYTES", "gauge", "Rate of data received over the PCIe bus (bytes per second)."),
+    # Utilisation: DCGM_FI_DEV_GPU_UTIL feeds the shard recording rules and so
+    # `corral usage` (namespace:dcgm_gpus_busy:sum, node:dcgm_gpu_utilisation:avg).
+    ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %)."),
+    ("DCGM_FI_DEV_ENC_UTIL", "gauge", "Encoder utilization (in %)."),
+    ("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilization (in %)."),
+    # Engine activity (DCP, commented in 3.3.9-3.6.1's file, shipped by the
+    # upstream file since): what GPU_UTIL's "a kernel ran" hides.
+    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active."),
+    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor (HMMA) pipe is active."),
+    ("DCGM_FI_PROF_DRAM_ACTIVE", "gauge", "Ratio of cycles the device memory interface is active."),
+    # Errors: GPUXidError and the GPU dashboard.
+    ("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered."),
+    # Throttling (commented upstream): a GPU held back by power or heat is a
+    # slow node in a job of many.
+    ("DCGM_FI_DEV_POWER_VIOLATION", "counter", "Throttling duration due to power constraints (in us)."),
+    ("DCGM_FI_DEV_THERMAL_VIOLATION", "counter", "Throttling duration due to thermal constraints (in us)."),
+    # Memory usage.
+    ("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB)."),
+    ("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB)."),
+    # ECC (all commented upstream): DBE_VOL_TOTAL is GPUMemoryErrors'
+    # uncorrectable errors since the driver loaded; the aggregates survive
+    # reboots (a GPU's history).
+    ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter", "Total number of single-bit volatile ECC errors."),
+    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", "Total number of double-bit volatile ECC errors."),
+    ("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "counter", "Total number of single-bit persistent ECC errors."),
+    ("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "counter", "Total number of double-bit persistent ECC errors."),
+    # Retired pages (commented upstream): pre-Ampere GPUs retire pages where
+    # Ampere and later remap rows.
+    ("DCGM_FI_DEV_RETIRED_SBE", "counter", "Total number of retired pages due to single-bit errors."),
+    ("DCGM_FI_DEV_RETIRED_DBE", "counter", "Total number of retired pages due to double-bit errors."),
+    ("DCGM_FI_DEV_RETIRED_PENDING", "counter", "Total number of pages pending retirement."),
+    # NVLink (the error counters commented upstream): a flapping link slows
+    # every all-reduce through it.
+    ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink flow-control CRC errors."),
+    ("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink data CRC errors."),
+    ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink retries."),
+    ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink recovery errors."),
+    ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter", "Total number of NVLink bandwidth counters for all lanes."),
+    # Remapped rows: ROW_REMAP_FAILURE is GPUMemoryErrors' other half.
+    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter", "Number of remapped rows for uncorrectable errors."),
+    ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter", "Number of remapped rows for correctable errors."),
+    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed."),
+    # A label on every series: which driver a GPU ran when it failed.
+    ("DCGM_FI_DRIVER_VERSION", "label", "Driver Version"),
+)
+# Left out of the upstream default: DCGM_FI_DEV_VGPU_LICENSE_STATUS (no vGPU here).
+DCGM_COUNTERS_CONFIGMAP = "dcgm-exporter-counters"
+DCGM_COUNTERS_DIR = "/etc/corral/dcgm-exporter"
+DCGM_COUNTERS_FILE = "counters.csv"
+
+
+def dcgm_counters_csv() -> str:
+    """The counters file, in dcgm-exporter's CSV form (field, type, help per line)."""
+    lines = [
+        "# dcgm-exporter's counters (corral/manifests/monitoring.py, DCGM_COUNTERS).",
+        "# DCGM FIELD, Prometheus metric type, help message",
+    ]
+    lines += [f"{field}, {kind}, {help_text}" for field, kind, help_text in DCGM_COUNTERS]
+    return "\n".join(lines) + "\n"
+
+
+def dcgm_series_per_gpu() -> int:
+    """Series one GPU brings its shard: every counter but the `label` rows."""
+    return sum(1 for _, kind, _ in DCGM_COUNTERS if kind != "label")
+
+
 # --- kube-state-metrics ---------------------------------------------------------
 
 # Namespace and node labels kube-state-metrics turns into metric labels
@@ -176,8 +270,8 @@ NODE_LABELS = tuple(
 )
 
 
-# What kube-state-metrics watches: its default set (v2.13) without Secrets,
-# by API group. The ClusterRole grants exactly these and the Deployment
+# What kube-state-metrics watches: its default set (the same in v2.13 and
+# v2.14, pkg/options/resource.go) without Secrets, by API group. The ClusterRole grants exactly these and the Deployment
 # passes them as --resources, so it neither needs nor tries more. Secrets'
 # metrics are metadata only, but list/watch on Secrets returns their data:
 # every token and key in the cluster.

@@ -114,6 +114,49 @@ def gpu_tolerations(cluster: Cluster) -> list[dict[str, str]]:
     return [toleration(key, effect) for key, effect in wanted] + [toleration(UNHEALTHY_TAINT_KEY)]
 
 
+# --- Which containers see GPUs (docs/addons.md, "Which pods see GPUs") -------
+#
+# The NVIDIA runtime is containerd's default on GPU nodes, and the NVIDIA
+# container toolkit gives a container the GPUs it is asked for. It can be asked
+# three ways (github.com/NVIDIA/nvidia-container-toolkit,
+# internal/config/image/cuda_image.go, CUDA.VisibleDevices): CDI annotations;
+# mounts of the host's /dev/null under /var/run/nvidia-container-devices/
+# (`<id>` or `all`), when accept-nvidia-visible-devices-as-volume-mounts is
+# on; and $NVIDIA_VISIBLE_DEVICES, which every CUDA image sets to `all`,
+# honoured for an unprivileged container only while
+# accept-nvidia-visible-devices-envvar-when-unprivileged is on. "Privileged"
+# there means CAP_SYS_ADMIN in the bounding set (internal/config/image/privileged.go).
+#
+# So the nodes refuse the variable from unprivileged containers
+# (NODE_RUNTIME_SETTINGS, written into /etc/nvidia-container-runtime/config.toml
+# by the node side), the device plugin hands out GPUs as /dev/null mounts
+# (DEVICE_LIST_STRATEGY), and team namespaces enforce Pod Security `baseline`,
+# which refuses privileged containers, added SYS_ADMIN and hostPath volumes:
+# a team's container cannot ask by variable or by mount, and gets only the
+# GPUs its pod was allocated. The GPU monitors in the system namespaces
+# (device plugin, dcgm-exporter, health agent) ask for every GPU by mount
+# (all_gpus_volume/all_gpus_mount), which those namespaces' `privileged`
+# level allows and which needs no capability.
+NODE_RUNTIME_SETTINGS = {
+    "accept-nvidia-visible-devices-envvar-when-unprivileged": False,
+    "accept-nvidia-visible-devices-as-volume-mounts": True,
+}
+# k8s-device-plugin's $DEVICE_LIST_STRATEGY (README, "Configuration Option Details").
+DEVICE_LIST_STRATEGY = "volume-mounts"
+DEVICE_LIST_MOUNT_ROOT = "/var/run/nvidia-container-devices"
+ALL_GPUS_VOLUME = "nvidia-all-gpus"
+
+
+def all_gpus_volume() -> dict:
+    """The pod volume behind a request for every GPU: the host's /dev/null."""
+    return {"name": ALL_GPUS_VOLUME, "hostPath": {"path": "/dev/null", "type": "CharDevice"}}
+
+
+def all_gpus_mount() -> dict:
+    """The container's request for every GPU, read by the NVIDIA toolkit."""
+    return {"name": ALL_GPUS_VOLUME, "mountPath": f"{DEVICE_LIST_MOUNT_ROOT}/all", "readOnly": True}
+
+
 # --- Teams ---------------------------------------------------------------
 
 

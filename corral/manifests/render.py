@@ -213,6 +213,9 @@ def nvidia_device_plugin(cluster: Cluster) -> list[dict]:
         "nvidia-device-plugin",
         gpu_node_selector=policy.gpu_node_selector(),
         gpu_tolerations=policy.gpu_tolerations(cluster),
+        device_list_strategy=policy.DEVICE_LIST_STRATEGY,
+        all_gpus_volume=policy.all_gpus_volume(),
+        all_gpus_mount=policy.all_gpus_mount(),
         images={"device_plugin": versions.NVIDIA_DEVICE_PLUGIN},
     )
 
@@ -270,6 +273,11 @@ def kubelet_csr_approver(cluster: Cluster) -> list[dict]:
 
 def monitoring_stack(cluster: Cluster) -> list[dict]:
     gpu = bool(policy.gpu_pools(cluster))
+    try:
+        ksm_image = versions.kube_state_metrics(cluster.kubernetes.minor)
+    except versions.NoPinnedVersion as err:
+        raise policy.ManifestError(str(err)) from None
+    dcgm_counters = monitoring.dcgm_counters_csv()
     files = monitoring.config_files(cluster, gpu)
     servers = monitoring.servers(cluster)
     rules = {"global": "corral-rules.yml", "shard": "corral-shard-rules.yml"}
@@ -295,10 +303,19 @@ def monitoring_stack(cluster: Cluster) -> list[dict]:
         gpu_node_selector=policy.gpu_node_selector(),
         gpu_tolerations=policy.gpu_tolerations(cluster),
         textfile_dir=monitoring.node_textfile_dir(),
+        dcgm_counters={
+            "configmap": monitoring.DCGM_COUNTERS_CONFIGMAP,
+            "dir": monitoring.DCGM_COUNTERS_DIR,
+            "file": monitoring.DCGM_COUNTERS_FILE,
+            "text": dcgm_counters,
+            "hash": _hash(dcgm_counters),
+        },
+        all_gpus_volume=policy.all_gpus_volume(),
+        all_gpus_mount=policy.all_gpus_mount(),
         images={
             "prometheus": versions.PROMETHEUS,
             "node_exporter": versions.NODE_EXPORTER,
-            "kube_state_metrics": versions.KUBE_STATE_METRICS,
+            "kube_state_metrics": ksm_image,
             "dcgm_exporter": versions.DCGM_EXPORTER,
         },
     ) + grafana(cluster, gpu)
@@ -339,6 +356,8 @@ def gpu_health(cluster: Cluster) -> list[dict]:
         gpu_node_selector=policy.gpu_node_selector(),
         sa_user=f"system:serviceaccount:{addon.NAMESPACE}:{addon.NAME}",
         agent_taints=[PREFLIGHT_TAINT_KEY, UNHEALTHY_TAINT_KEY],
+        all_gpus_volume=policy.all_gpus_volume(),
+        all_gpus_mount=policy.all_gpus_mount(),
     )
 
 

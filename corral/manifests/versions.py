@@ -5,7 +5,9 @@ for each cluster, regenerate the goldens (`CORRAL_UPDATE_GOLDEN=1 pytest
 tests/manifests`) and review the diff: it must show only the image lines (and
 whatever the new release needs, which belongs in the same change). Read each
 project's release notes for the Kubernetes versions it supports first; the
-cluster-autoscaler and the scheduler must match the cluster's minor version.
+cluster-autoscaler, kube-state-metrics and the scheduler follow the cluster's
+minor version (one pin per minor below). Each pin names the upstream page that
+says why it is that release (docs/addons.md lists them too).
 """
 
 from __future__ import annotations
@@ -17,13 +19,30 @@ FLANNEL_CNI_PLUGIN = "docker.io/flannel/flannel-cni-plugin:v1.5.1-flannel2"
 
 # NVIDIA: device plugin and DCGM exporter. dcgm-exporter's tag is
 # <DCGM version>-<exporter version>-<base image>.
-NVIDIA_DEVICE_PLUGIN = "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"
+# Device plugin: the last patch release of v0.17 (github.com/NVIDIA/k8s-device-plugin
+# CHANGELOG.md, v0.17.1-v0.17.4: fixes only). v0.17.0 marked a GPU unhealthy,
+# and took it out of the node's allocatable GPUs until the plugin restarted, on
+# Xid 109 (a context-switch timeout a job causes); v0.17.1 ignores it, as
+# corral's own health classes do (corral/model/schema.py, DEFAULT_*_XIDS).
+NVIDIA_DEVICE_PLUGIN = "nvcr.io/nvidia/k8s-device-plugin:v0.17.4"
+# The newest DCGM 3 release (github.com/NVIDIA/dcgm-exporter tags: the next is
+# 4.0.0-4.0.1, DCGM 4, a major version of its own). Its counters are corral's
+# file, not the image's default (monitoring.DCGM_COUNTERS).
 DCGM_EXPORTER = "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9-3.6.1-ubuntu22.04"
 
 # Monitoring.
 PROMETHEUS = "quay.io/prometheus/prometheus:v2.55.1"
 NODE_EXPORTER = "quay.io/prometheus/node-exporter:v1.8.2"
-KUBE_STATE_METRICS = "registry.k8s.io/kube-state-metrics/kube-state-metrics:v2.13.0"
+# kube-state-metrics: the release its README's compatibility matrix pairs
+# with the cluster's minor (github.com/kubernetes/kube-state-metrics README,
+# "Compatibility matrix": v2.13.0 is built with client-go v1.30, v2.14.0 with
+# v1.31). Both watch the same default resources (monitoring.KSM_RESOURCES);
+# v2.14.0 drops only kube_endpoint_address_not_ready/_available, which corral
+# does not read.
+KUBE_STATE_METRICS = {
+    "1.30": "registry.k8s.io/kube-state-metrics/kube-state-metrics:v2.13.0",
+    "1.31": "registry.k8s.io/kube-state-metrics/kube-state-metrics:v2.14.0",
+}
 GRAFANA = "docker.io/grafana/grafana:11.3.1"
 
 # Approves kubelet serving-certificate requests (github.com/postfinance/
@@ -43,12 +62,20 @@ class NoPinnedVersion(LookupError):
     """A cluster's Kubernetes minor has no pinned image for a per-minor add-on."""
 
 
-def cluster_autoscaler(minor: str) -> str:
+def _per_minor(table: dict[str, str], table_name: str, what: str, minor: str) -> str:
     try:
-        return CLUSTER_AUTOSCALER[minor]
+        return table[minor]
     except KeyError:
-        pinned = ", ".join(sorted(CLUSTER_AUTOSCALER))
+        pinned = ", ".join(sorted(table))
         raise NoPinnedVersion(
-            f"no cluster-autoscaler image pinned for Kubernetes {minor} (pinned: {pinned}); "
-            "add the matching release to CLUSTER_AUTOSCALER in corral/manifests/versions.py"
+            f"no {what} image pinned for Kubernetes {minor} (pinned: {pinned}); "
+            f"add the matching release to {table_name} in corral/manifests/versions.py"
         ) from None
+
+
+def cluster_autoscaler(minor: str) -> str:
+    return _per_minor(CLUSTER_AUTOSCALER, "CLUSTER_AUTOSCALER", "cluster-autoscaler", minor)
+
+
+def kube_state_metrics(minor: str) -> str:
+    return _per_minor(KUBE_STATE_METRICS, "KUBE_STATE_METRICS", "kube-state-metrics", minor)

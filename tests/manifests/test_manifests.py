@@ -186,7 +186,8 @@ def test_device_plugin_shape():
     assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert {"key": TEAM_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
-    assert spec["volumes"] == [{"name": "device-plugin", "hostPath": {"path": "/var/lib/kubelet/device-plugins"}}]
+    assert spec["volumes"] == [{"name": "device-plugin", "hostPath": {"path": "/var/lib/kubelet/device-plugins"}},
+                               {"name": "nvidia-all-gpus", "hostPath": {"path": "/dev/null", "type": "CharDevice"}}]
 
 
 def test_gpu_agents_tolerate_a_gpu_pools_own_taints():
