@@ -18,6 +18,12 @@ variable "nvidia_driver_version" {
   description = "NVIDIA driver baked in; match the GPU pools' gpu.driver."
 }
 
+variable "fabric_manager" {
+  type        = bool
+  default     = true
+  description = "Bake NVIDIA Fabric Manager (enabled for the first boot): machines with NVSwitches (8-GPU H100/H200/A100 SXM: p4d/p5, ND H100 v5, a3). false for PCIe GPU machines (g5, g6, NC)."
+}
+
 variable "image_name" {
   type    = string
   default = "corral-gpu-node"
@@ -121,6 +127,7 @@ build {
     extra_arguments = [
       "--extra-vars", "corral_kubernetes_version=${var.kubernetes_version}",
       "--extra-vars", "corral_nvidia_driver_version=${var.nvidia_driver_version}",
+      "--extra-vars", "corral_image_fabric_manager=${var.fabric_manager}",
     ]
     ansible_env_vars = [
       "ANSIBLE_CONFIG=${path.root}/../ansible/ansible.cfg",

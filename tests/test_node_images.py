@@ -35,7 +35,11 @@ def test_image_playbook_uses_existing_roles_and_parses():
     plays = YAML(typ="safe").load((IMAGES / "image.yml").read_text())
     roles = [r["role"] for play in plays for r in play["roles"]]
     assert roles and all((ROOT / "ansible" / "roles" / r / "tasks" / "main.yml").is_file() for r in roles)
-    assert "kubelet_join" in roles and plays[0]["vars"]["corral_kubeadm_join"] is False
+    assert "kubelet_join" in roles and plays[0]["vars"]["corral_image_build"] is True
+    # Neighbour-table sizes belong to the cluster (cloud-init's 90-corral.conf,
+    # or the arp_cache role at an on-prem join), never to an image, where a
+    # baked 91-... file would sort after cloud-init's and win.
+    assert "arp_cache" not in roles
     env = {**os.environ, "ANSIBLE_ROLES_PATH": str(ROOT / "ansible" / "roles"),
            "ANSIBLE_CONFIG": str(ROOT / "ansible" / "ansible.cfg")}
     result = subprocess.run(

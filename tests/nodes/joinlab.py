@@ -17,6 +17,7 @@ from pathlib import Path
 
 from corral.util import write_atomic
 
+REPO = Path(__file__).resolve().parents[2]
 CA_HASH = "sha256:" + "0123456789abcdef" * 4
 KEY_ON_HOST = "/etc/corral-test/site-mirror-key.asc"
 CLUSTER = "kestrel"
@@ -61,13 +62,62 @@ sites:
     cidrs: [{site_cidr}]
     vpn: {{peerAddress: 203.0.113.10, bgpASN: 65010}}
 network:
-  # The lab's veth has MTU 1500: 1500 - 50 bytes of VXLAN.
-  flannel: {{backend: vxlan, directRouting: true, mtu: 1450}}
+  # Across the site's VPN (Azure: 1400) less 50 bytes of VXLAN; it fits the
+  # lab's 1500-byte veth too.
+  flannel: {{backend: vxlan, directRouting: true, mtu: 1350}}
 scheduling:
   teams:
     - {{name: robotics, namespaces: [robotics], reservedPools: [{"gpu-h100" if gpu_hosts else "cpu-edge"}]}}
 nodePools:
 {"".join(pools)}"""
+
+
+def site_mirror_vars(repo) -> dict:
+    """What a data centre's mirror would serve, here the lab's fake repos (key: put_key)."""
+    key_url = f"file://{KEY_ON_HOST}"
+    return {
+        "corral_nvidia_repo_url": repo.url("cuda"),
+        "corral_nvidia_repo_key_url": key_url,
+        "corral_nvidia_container_toolkit_repo_url": repo.url("nvidia-container-toolkit"),
+        "corral_nvidia_container_toolkit_repo_key_url": key_url,
+        "corral_kubernetes_repo_url": repo.url("kubernetes-v1.31"),
+        "corral_kubernetes_repo_key_url": key_url,
+        "corral_apt_mirror": None,
+    }
+
+
+def remove_hosts(lab, hosts) -> None:
+    """Remove every host, going on past one that cannot be removed."""
+    for host in hosts:
+        try:
+            lab.remove_host(host)
+        except Exception as exc:  # keep removing the others
+            print(f"could not remove {host.name}: {exc}")
+
+
+def put_key(repo, host) -> None:
+    """The lab repository's signing key where site_mirror_vars says it is."""
+    key = host.path(KEY_ON_HOST)
+    key.parent.mkdir(parents=True, exist_ok=True)
+    key.write_text(repo.key_armored)
+
+
+def changed_tasks(artifacts: list[Path]) -> dict[str, list[str]]:
+    """host -> names of the tasks that changed it, from ansible-runner's job events."""
+    changed: dict[str, list[str]] = {}
+    for run in artifacts:
+        for path in sorted((run / "job_events").glob("*.json"), key=lambda p: int(p.name.split("-")[0])):
+            event = json.loads(path.read_text())
+            data = event.get("event_data") or {}
+            if event.get("event") == "runner_on_ok" and (data.get("res") or {}).get("changed"):
+                changed.setdefault(data["host"], []).append(data.get("task", "?"))
+    return changed
+
+
+def artifact_dirs(setup: "JoinSetup") -> set[Path]:
+    """The ansible-runner runs in the setup's runs folder so far."""
+    root = setup.runs_dir / "artifacts"
+    return {p for p in root.iterdir() if p.is_dir()} if root.is_dir() else set()
 
 
 @dataclass
@@ -106,21 +156,9 @@ def prepare(lab, repo, hosts, workdir: Path, gpu_hosts: list[str], cpu_hosts: li
     kubeconfig.chmod(0o600)
     outputs.chmod(0o600)
     for host in hosts:
-        key = host.path(KEY_ON_HOST)
-        key.parent.mkdir(parents=True, exist_ok=True)
-        key.write_text(repo.key_armored)
+        put_key(repo, host)
     extra = workdir / "site-mirror.json"
-    key_url = f"file://{KEY_ON_HOST}"
-    extra.write_text(json.dumps({
-        # What a data centre's mirror would serve, here the lab's fake repos.
-        "corral_nvidia_repo_url": repo.url("cuda"),
-        "corral_nvidia_repo_key_url": key_url,
-        "corral_nvidia_container_toolkit_repo_url": repo.url("nvidia-container-toolkit"),
-        "corral_nvidia_container_toolkit_repo_key_url": key_url,
-        "corral_kubernetes_repo_url": repo.url("kubernetes-v1.31"),
-        "corral_kubernetes_repo_key_url": key_url,
-        "corral_apt_mirror": None,
-    }))
+    extra.write_text(json.dumps(site_mirror_vars(repo)))
     ssh_config = lab.write_ssh_config(workdir / "ssh_config", hosts=hosts)
     env = lab.ansible_env()
     env.update({

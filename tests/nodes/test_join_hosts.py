@@ -58,11 +58,7 @@ def joined(hostlab, hostlab_repo, tmp_path_factory):
         first = run_cli(setup)
         yield {"lab": lab, "hosts": {h.name: h for h in hosts}, "setup": setup, "first": first}
     finally:
-        for host in hosts:
-            try:
-                lab.remove_host(host)
-            except Exception as exc:  # keep removing the others
-                print(f"could not remove {host.name}: {exc}")
+        joinlab.remove_hosts(lab, hosts)
 
 
 @pytest.fixture(scope="module")

@@ -175,11 +175,7 @@ def upgrade(tmp_path_factory):
         up.state_path.write_text(json.dumps(initial_state([h for h in hosts if h.name != LATE_GPU])))
         yield up
     finally:
-        for host in hosts:
-            try:
-                lab.remove_host(host)
-            except Exception as exc:  # keep removing the others
-                print(f"could not remove {host.name}: {exc}")
+        joinlab.remove_hosts(lab, hosts)
         if repo is not None:
             repo.stop()
         lab.teardown()
