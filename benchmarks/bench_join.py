@@ -18,6 +18,10 @@ host a fixed C cores (cgroup quota), alone or among N, which is the data
 centre's situation scaled down; then the ratio measures the join itself: its
 serial steps (batches, the controller).
 
+The `image` row: a host booted from a node image (node-images/image.yml baked
+on a builder host, its disk copied to a new host) and joined; its first join
+against the bare host's of size 1.
+
 Per size: the first join; a no-change re-run (every host's converge record
 is up to date: one shell command per host, no role runs); a `--force` re-run
 (every role on every host, all tasks ok); and `ansible -m ping` of the same
@@ -139,9 +143,39 @@ def timed_ping(setup, hosts, bridge: str) -> Timing:
     return meter.timing
 
 
+def image_row(lab, repo, bridge: str) -> dict[str, Timing]:
+    """One host from a node image: bake image.yml on a builder, boot a copy of its disk, join it.
+
+    The join after an image changes only what no image can carry (the join,
+    the cluster's and the pool's settings): its wall time against the size-1
+    row's first join is what an image saves (tests/nodes/test_image_then_join.py
+    checks which tasks change).
+    """
+    builder = lab.boot(["bimg-build-001.sf1.internal"])[0]
+    hosts = [builder]
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            with Meter(bridge) as bake:
+                image = joinlab.bake_image(lab, repo, builder, Path(tmp))
+            if image["rc"] != 0:
+                sys.exit(f"image.yml failed:\n{image['stdout'][-5000:]}{image['stderr'][-2000:]}")
+            builder.stop()
+            node = lab.boot_from(builder, "bimg-gpu-001.sf1.internal")
+            hosts.append(node)
+            setup = joinlab.prepare(lab, repo, [node], Path(tmp), [node.name], [])
+            join, result = timed_join(setup, bridge)
+            if result.returncode != 0:
+                sys.exit(f"join after the image failed:\n{result.stdout}{result.stderr}")
+            return {"bake": bake.timing, "join": join}
+    finally:
+        joinlab.remove_hosts(lab, hosts)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1,8")
+    parser.add_argument("--image", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time a join of a host booted from a node image (the `image` row)")
     parser.add_argument(
         "--host-cpus", type=float, default=None, metavar="CORES",
         help="give every test host this much CPU (cgroup quota), alone or not, as "
@@ -181,8 +215,8 @@ def main() -> None:
                         ping = timed_ping(setup, hosts, config.bridge)
                         rows.append((size, {"join": first, "re-run": again, "forced": forced, "ping": ping}))
                 finally:
-                    for host in hosts:
-                        lab.remove_host(host)
+                    joinlab.remove_hosts(lab, hosts)
+            image = image_row(lab, repo, config.bridge) if args.image else None
         finally:
             repo.stop()
     limit = f"{args.host_cpus} cores each (cgroup quota)" if args.host_cpus else "sharing all cores"
@@ -197,6 +231,13 @@ def main() -> None:
                   f"{t.hosts_cpu:>9.1f} {t.hosts_cpu / size:>9.2f} {t.floor:>7.1f} {t.other_cpu:>7.1f}")
         print(f"{size:>5} no-change re-run / ansible ping: {runs['re-run'].wall / runs['ping'].wall:.2f}x "
               f"(target <= 3x)")
+    if image:
+        for label, t in image.items():
+            print(f"{'image':>5} {label:>9} {t.wall:>7.1f} {t.controller_cpu:>8.1f} {t.controller_cpu:>9.2f} "
+                  f"{t.hosts_cpu:>9.1f} {t.hosts_cpu:>9.2f} {t.floor:>7.1f} {t.other_cpu:>7.1f}")
+        bare = next((runs["join"] for size, runs in rows if size == 1), None)
+        if bare:
+            print(f"image first join / bare first join (1 host): {image['join'].wall / bare.wall:.2f}x")
     if len(rows) > 1:
         first, last = rows[0][1], rows[-1][1]
         print(f"largest/smallest first join: {last['join'].wall / first['join'].wall:.2f}x "

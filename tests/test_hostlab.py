@@ -46,7 +46,7 @@ def _fake(tmp_path: Path, program: str, **build) -> Path:
     """Render a fake like the package build does, into tmp_path/bin."""
     defaults = {"driver_version": "550.127.05", "cuda_version": "12.4",
                 "gpu_model": "NVIDIA H100 80GB HBM3", "gpu_count": 8, "gpu_memory_mib": 81559,
-                "toolkit_version": "1.17.3", "k8s_version": "1.31.4", "cri_tools_version": "1.31.1"}
+                "toolkit_version": "1.17.8", "k8s_version": "1.31.4", "cri_tools_version": "1.31.1"}
     path = tmp_path / "bin" / program
     path.parent.mkdir(exist_ok=True)
     path.write_text(render_fake(program, {**defaults, **build}))
@@ -172,8 +172,8 @@ def test_repo_recipes_mirror_upstream_names_and_versions():
                  "nvidia-persistenced", "nvidia-smi"):
         assert (name, "550.127.05-1") in cuda and (name, "550.90.07-1") in cuda
     tk = {p.name: p.version for p in repos["nvidia-container-toolkit"].packages}
-    assert tk == {"libnvidia-container1": "1.17.3-1", "libnvidia-container-tools": "1.17.3-1",
-                  "nvidia-container-toolkit-base": "1.17.3-1", "nvidia-container-toolkit": "1.17.3-1"}
+    assert tk == {"libnvidia-container1": "1.17.8-1", "libnvidia-container-tools": "1.17.8-1",
+                  "nvidia-container-toolkit-base": "1.17.8-1", "nvidia-container-toolkit": "1.17.8-1"}
     k8s = {p.name: p.version for p in repos["kubernetes-v1.31"].packages}
     assert k8s["kubeadm"] == "1.31.4-1.1" and k8s["kubelet"] == "1.31.4-1.1"
     assert repos["kubernetes-v1.31"].path == "core:/stable:/v1.31/deb"

@@ -1,6 +1,6 @@
 """What every cloud machine that runs a kubelet needs before kubeadm (API servers and pool nodes):
 its provider ID, kernel modules and sysctls, the pod metadata block, and the node prep script
-(containerd, kubeadm, kubelet and kubectl from pkgs.k8s.io).
+(containerd.io from Docker's repository, kubeadm, kubelet and kubectl from pkgs.k8s.io).
 
 Every such machine registers with the provider ID its cloud's cluster-autoscaler
 expects, read from the instance metadata service at boot (docs/cloud-nodes.md:
@@ -12,6 +12,7 @@ needs no DNS at first boot).
 from __future__ import annotations
 
 from corral.model import Cluster
+from corral.model.containerd import CONTAINERD_PACKAGE, pause_image
 
 from . import metadata_block
 from .apt import apt_context
@@ -21,6 +22,8 @@ from .metadata_block import BLOCK_POD_METADATA_UNIT
 from .part import Part
 
 PROVIDER_ID_SCRIPT = "/usr/local/sbin/corral-provider-id"
+# Docker's apt repository, for containerd.io (docs.docker.com/engine/install/debian).
+CONTAINERD_REPO = "https://download.docker.com/linux/debian"
 METADATA_URL = "http://169.254.169.254"
 # The `--cloud-provider` name of each cloud's cluster-autoscaler and the
 # scheme of the provider IDs it matches nodes by (`gce://` on GCP).
@@ -62,6 +65,11 @@ def node_files(cluster: Cluster) -> list[File]:
             kubernetes_version=cluster.kubernetes.version,
             k8s_repo=f"https://pkgs.k8s.io/core:/stable:/v{minor}/deb/",
             package_version=apt_package_version(cluster.kubernetes.version),
+            containerd_repo=CONTAINERD_REPO,
+            containerd_package=CONTAINERD_PACKAGE,
+            containerd_version=cluster.kubernetes.containerd,
+            containerd_package_version=cluster.kubernetes.containerd_package_version,
+            sandbox_image=pause_image(cluster.kubernetes.version),
             **apt_context(),
         ), "0755"),
     ]

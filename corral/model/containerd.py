@@ -81,3 +81,30 @@ def containerd_error(kubernetes: str, containerd: str) -> str | None:
             "corral/model/containerd.py after checking Docker's apt repository"
         )
     return None
+
+
+# The pause (sandbox) image kubeadm of each minor expects, which containerd
+# must run as every pod's sandbox: kubeadm's PauseVersion constant
+# (kubernetes cmd/kubeadm/app/constants/constants.go; 1.29 and 1.30 "3.9",
+# 1.31 and 1.32 "3.10", as `kubeadm config images list` prints them).
+# containerd's own default differs (1.7: pause:3.8), and kubeadm warns when the
+# runtime's sandbox image is not its own.
+PAUSE_VERSIONS = {"1.29": "3.9", "1.30": "3.9", "1.31": "3.10", "1.32": "3.10"}
+
+
+def pause_image(kubernetes: str) -> str | None:
+    """registry.k8s.io/pause:<tag> of the Kubernetes release's kubeadm, None if corral does not know it."""
+    version = PAUSE_VERSIONS.get(".".join(kubernetes.lstrip("v").split(".")[:2]))
+    return f"registry.k8s.io/pause:{version}" if version else None
+
+
+def pause_error(kubernetes: str) -> str | None:
+    """Why corral cannot set up a sandbox image for `kubernetes`, or None."""
+    if pause_image(kubernetes) is not None:
+        return None
+    minor = ".".join(kubernetes.lstrip("v").split(".")[:2])
+    return (
+        f"corral knows kubeadm's pause image for Kubernetes {', '.join(PAUSE_VERSIONS)}, not {minor}; "
+        "add that release's PauseVersion (cmd/kubeadm/app/constants/constants.go) to PAUSE_VERSIONS "
+        "in corral/model/containerd.py"
+    )

@@ -26,11 +26,13 @@ import os
 import re
 import subprocess
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
 
+from corral.manifests.policy import NODE_RUNTIME_SETTINGS
 from tests.ansible.recap import parse_recap
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,7 +46,7 @@ testinfra = pytest.importorskip("testinfra", reason="pytest-testinfra is not ins
 # (pytest_plugins = ["tests.hostlab.conftest_plugin"]): `hostlab` (skips with
 # the lab's reason when the machine cannot run it) and `hostlab_repo` (fake
 # NVIDIA/k8s repos: driver 550.127.05 with 8 x "NVIDIA H100 80GB HBM3",
-# toolkit 1.17.3, k8s 1.31.4). Not imported here: a second definition would
+# toolkit 1.17.8, k8s 1.31.4). Not imported here: a second definition would
 # start a second lab on the same bridge in one session.
 
 DRIVER = "550.127.05"
@@ -140,6 +142,10 @@ def inventory(lab, repo, key_path: str) -> dict:
         "corral_nvidia_container_toolkit_repo_key_url": f"file://{key_path}",
         "corral_kubernetes_repo_url": repo.url("kubernetes-v1.31"),
         "corral_kubernetes_repo_key_url": f"file://{key_path}",
+        "corral_containerd_repo_url": repo.url("docker"),
+        "corral_containerd_repo_key_url": f"file://{key_path}",
+        "corral_containerd_repo_suite": "/",
+        "corral_containerd_repo_components": "",
     }
     children["pool_h100"]["vars"] = pool_vars("h100", True)
     children["pool_cpu"]["vars"] = pool_vars("cpu", False)
@@ -477,8 +483,6 @@ def test_no_driver_on_cpu_host(th):
 
 
 def _containerd_config(h) -> dict:
-    import tomllib
-
     return tomllib.loads(h.file("/etc/containerd/config.toml").content_string)
 
 
@@ -496,10 +500,22 @@ def test_containerd(th, name, gpu):
             == "/usr/bin/nvidia-container-runtime"
         )
         assert runtimes["nvidia"]["options"]["SystemdCgroup"] is True
-        assert h.package("nvidia-container-toolkit").is_installed
+        # Pinned past CVE-2025-23266, and held.
+        assert h.package("nvidia-container-toolkit").version == "1.17.8-1"
+        assert "nvidia-container-toolkit" in h.check_output("apt-mark showhold").split()
+        # Only allocated GPUs reach a container: the settings the device
+        # plugin's volume-mounts strategy needs, top-level in config.toml.
+        toolkit = tomllib.loads(h.file("/etc/nvidia-container-runtime/config.toml").content_string)
+        assert {key: toolkit.get(key) for key in NODE_RUNTIME_SETTINGS} == NODE_RUNTIME_SETTINGS
     else:
         assert cri["containerd"]["default_runtime_name"] == "runc"
         assert "nvidia" not in runtimes
+    # Docker's containerd.io at the cluster's version, held (Debian 12's own
+    # 1.6.20 is below containerd's minimum for Kubernetes 1.31).
+    assert h.package("containerd.io").version == "1.7.27-1"
+    assert "containerd.io" in h.check_output("apt-mark showhold").split()
+    # RDMA pins memory: containers inherit containerd's unlimited memlock.
+    assert h.check_output("systemctl show containerd -p LimitMEMLOCK") == "LimitMEMLOCK=infinity"
     assert h.service("containerd").is_enabled
     assert h.service("containerd").is_running
 

@@ -20,7 +20,7 @@ from tests.hostlab.aptrepo import render_fake
 from .conftest import FAKE_BIN
 
 BUILD = {"driver_version": "550.127.05", "cuda_version": "12.4", "gpu_model": "NVIDIA H100 80GB HBM3",
-         "gpu_count": 8, "gpu_memory_mib": 81559, "toolkit_version": "1.17.3", "k8s_version": "1.31.4",
+         "gpu_count": 8, "gpu_memory_mib": 81559, "toolkit_version": "1.17.8", "k8s_version": "1.31.4",
          "cri_tools_version": "1.31.1"}
 
 

@@ -41,7 +41,7 @@ from .lab import Host, Lab, LabConfig, LabError, _flock, _run
 FAKEPKGS = Path(__file__).with_name("fakepkgs")
 
 #: Bump when the package recipes below change; part of the build cache key.
-REPO_RECIPE_VERSION = 2
+REPO_RECIPE_VERSION = 3
 
 #: CUDA version shown by nvidia-smi for a driver branch.
 CUDA_FOR_BRANCH = {"535": "12.2", "550": "12.4", "555": "12.5", "560": "12.6",
@@ -52,6 +52,9 @@ GPU_MEMORY = {"NVIDIA H100 80GB HBM3": 81559, "NVIDIA H200": 143771,
               "NVIDIA A100-SXM4-80GB": 81920, "NVIDIA L40S": 46068}
 
 KEYRING_NAME = "corral-hostlab-archive-keyring.gpg"
+
+#: ABIs of the fake Debian kernels: installed, arriving by update, arriving alone (no headers).
+KERNEL_ABIS = ("6.1.0-90", "6.1.0-91", "6.1.0-92")
 
 
 # --------------------------------------------------------------------------
@@ -70,6 +73,7 @@ class FakePackage:
     provides: list[str] = dataclasses.field(default_factory=list)
     conflicts: list[str] = dataclasses.field(default_factory=list)
     #: destination path -> ("fake", program source name) | ("file", source) | ("text", content)
+    #: | ("exec", content of an executable) | ("link", symlink target)
     files: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
     #: systemd units enabled at install (and started, unless in ``no_start``)
     units: list[str] = dataclasses.field(default_factory=list)
@@ -79,6 +83,8 @@ class FakePackage:
     conffiles: list[str] = dataclasses.field(default_factory=list)
     build: dict = dataclasses.field(default_factory=dict)
     section: str = "misc"
+    #: shell run at the end of postinst "configure" (e.g. the kernel hooks)
+    postinst_script: str = ""
 
 
 @dataclasses.dataclass
@@ -106,7 +112,13 @@ def cuda_packages(driver_version: str, gpu_model: str, gpu_count: int) -> list[F
              "gpu_memory_mib": GPU_MEMORY.get(gpu_model, 81559)}
     return [
         FakePackage("nvidia-kernel-open-dkms", v, "NVIDIA open GPU kernel module (TEST FAKE: no module)",
-                    files={"/usr/share/doc/nvidia-kernel-open-dkms/TEST-FAKE": _doc("nvidia-kernel-open-dkms")},
+                    files={"/usr/share/doc/nvidia-kernel-open-dkms/TEST-FAKE": _doc("nvidia-kernel-open-dkms"),
+                           # dkms's hooks, which the real package gets from its dependency dkms
+                           "/etc/kernel/postinst.d/dkms": ("exec", FAKE_DKMS_HOOK),
+                           "/etc/kernel/header_postinst.d/dkms": ("exec", FAKE_DKMS_HOOK)},
+                    # like dkms at install: a module for every kernel whose headers are there
+                    postinst_script=('for k in /boot/vmlinuz-*; do [ -e "$k" ] || continue; '
+                                     '/etc/kernel/postinst.d/dkms "${k#/boot/vmlinuz-}"; done\n'),
                     provides=[f"nvidia-kernel-{driver_version}"], section="non-free/kernel"),
         FakePackage("nvidia-smi", v, "NVIDIA System Management Interface (TEST FAKE)",
                     depends=["python3"], build=build,
@@ -207,8 +219,73 @@ def k8s_packages(k8s_version: str, cri_tools_version: str | None = None,
     ]
 
 
+def containerd_packages(version: str = "1.7.27-1") -> list[FakePackage]:
+    """Docker's containerd.io (TEST FAKE): the real package carries its own
+    containerd and runc (and Conflicts with Debian's); this fake carries the
+    name and version and brings Debian's containerd as a dependency, so the
+    role's repository, pin, hold and configuration run for real."""
+    return [FakePackage("containerd.io", version, "An open and reliable container runtime (TEST FAKE: Debian's containerd inside)",
+                        depends=["containerd (>= 1.6.20~)"],
+                        files={"/usr/share/doc/containerd.io/TEST-FAKE": _doc("containerd.io")})]
+
+
+def _run_kernel_hooks(hook_dir: str, release: str) -> str:
+    """What Debian's kernel and header packages' postinst do: run-parts over /etc/kernel/<hook_dir>."""
+    return (f"mkdir -p /lib/modules/{release}\n"
+            f"if [ -d /etc/kernel/{hook_dir} ]; then\n"
+            f"  run-parts --report --exit-on-error --arg={release} --arg=/boot/vmlinuz-{release} /etc/kernel/{hook_dir}\n"
+            "fi\n")
+
+
+# TEST FAKE of the dkms package's kernel hooks (/etc/kernel/postinst.d/dkms and
+# header_postinst.d/dkms, which run `dkms autoinstall` for the kernel given):
+# a module is built for a kernel only when its headers are there, otherwise
+# dkms warns and the kernel installs without one.
+FAKE_DKMS_HOOK = """#!/bin/sh
+# TEST FAKE of dkms's kernel hook (corral hostlab, tests/hostlab/aptrepo.py).
+release="$1"
+if [ -e "/lib/modules/$release/build/Makefile" ] && [ -e "/boot/vmlinuz-$release" ]; then
+  mkdir -p "/lib/modules/$release/updates/dkms"
+  echo "TEST FAKE nvidia module for $release" > "/lib/modules/$release/updates/dkms/nvidia.ko"
+else
+  echo "dkms: WARNING: Linux headers are missing, which may explain the above failures." >&2
+  echo "      please install the linux-headers-$release package to fix this." >&2
+fi
+exit 0
+"""
+
+
+def kernel_packages(abi: str, version: str, flavour: str = "amd64", *, meta: bool = True) -> list[FakePackage]:
+    """A Debian kernel of one ABI (TEST FAKE: no kernel inside), shaped like
+    Debian's: linux-image-<abi>-<flavour> runs the kernel hooks in
+    /etc/kernel/postinst.d from its postinst (run-parts --exit-on-error, the
+    kernel-img hook convention), linux-headers-<abi>-<flavour> makes
+    /lib/modules/<release>/build and runs /etc/kernel/header_postinst.d; the
+    flavour's metapackages (meta=True) depend on this ABI."""
+    release = f"{abi}-{flavour}"
+    image = FakePackage(f"linux-image-{release}", version, f"Linux {release} (TEST FAKE: no kernel)",
+                        files={f"/boot/vmlinuz-{release}": ("text", f"TEST FAKE kernel {release}\n"),
+                               f"/lib/modules/{release}/modules.order": ("text", "")},
+                        postinst_script=_run_kernel_hooks("postinst.d", release), section="kernel")
+    headers = FakePackage(f"linux-headers-{release}", version, f"Header files for Linux {release} (TEST FAKE)",
+                          files={f"/usr/src/linux-headers-{release}/Makefile": ("text", "# TEST FAKE headers\n"),
+                                 f"/lib/modules/{release}/build": ("link", f"/usr/src/linux-headers-{release}")},
+                          postinst_script=_run_kernel_hooks("header_postinst.d", release), section="kernel")
+    packages = [image, headers]
+    if meta:
+        packages += [
+            FakePackage(f"linux-image-{flavour}", version, f"Linux for {flavour} (meta-package, TEST FAKE)",
+                        depends=[f"linux-image-{release} (= {version})"],
+                        files={f"/usr/share/doc/linux-image-{flavour}/TEST-FAKE": _doc(f"linux-image-{flavour}")}),
+            FakePackage(f"linux-headers-{flavour}", version, f"Header files for Linux {flavour} (meta-package, TEST FAKE)",
+                        depends=[f"linux-headers-{release} (= {version})"],
+                        files={f"/usr/share/doc/linux-headers-{flavour}/TEST-FAKE": _doc(f"linux-headers-{flavour}")}),
+        ]
+    return packages
+
+
 def default_repos(driver_versions: Sequence[str] = ("550.127.05",),
-                  toolkit_versions: Sequence[str] = ("1.17.3",),
+                  toolkit_versions: Sequence[str] = ("1.17.8",),
                   k8s_versions: Sequence[str] = ("1.31.4",),
                   gpu_model: str = "NVIDIA H100 80GB HBM3", gpu_count: int = 8) -> list[RepoSpec]:
     """The three upstream repositories, one k8s repo per minor version."""
@@ -218,6 +295,16 @@ def default_repos(driver_versions: Sequence[str] = ("550.127.05",),
         RepoSpec("nvidia-container-toolkit", "libnvidia-container/stable/deb/amd64",
                  "https://nvidia.github.io/libnvidia-container", "libnvidia-container",
                  [p for v in toolkit_versions for p in toolkit_packages(v, gpu_count)]),
+    ]
+    repos += [
+        RepoSpec("docker", "linux/debian", "Docker", "Docker CE", containerd_packages()),
+        # A Debian kernel flavour's packages before and after a kernel update
+        # (tests/ansible/test_kernel_update.py adds the second to a host later).
+        RepoSpec("debian-kernel", "debian-kernel", "Debian", "Debian kernel (TEST FAKE)",
+                 kernel_packages(KERNEL_ABIS[0], "6.1.500-1")),
+        RepoSpec("debian-kernel-update", "debian-kernel-update", "Debian", "Debian kernel update (TEST FAKE)",
+                 kernel_packages(KERNEL_ABIS[1], "6.1.501-1")
+                 + kernel_packages(KERNEL_ABIS[2], "6.1.502-1", meta=False)),
     ]
     minors: dict[str, list[str]] = {}
     for v in k8s_versions:
@@ -243,6 +330,8 @@ def default_repos(driver_versions: Sequence[str] = ("550.127.05",),
 def _postinst(pkg: FakePackage) -> str:
     lines = ["#!/bin/sh", "# TEST FAKE maintainer script (debhelper-style unit handling)", "set -e",
              "mkdir -p /var/log/corral-fakes"]
+    if pkg.postinst_script:
+        lines += ['if [ "$1" = "configure" ]; then', pkg.postinst_script.rstrip("\n"), "fi"]
     managed = pkg.units + pkg.disabled_units
     if not managed:
         return "\n".join(lines) + "\nexit 0\n"
@@ -323,7 +412,7 @@ class AptRepo:
 
     def __init__(self, lab: Lab | None = None, *,
                  driver_versions: Sequence[str] = ("550.127.05",),
-                 toolkit_versions: Sequence[str] = ("1.17.3",),
+                 toolkit_versions: Sequence[str] = ("1.17.8",),
                  k8s_versions: Sequence[str] = ("1.31.4",),
                  gpu_model: str = "NVIDIA H100 80GB HBM3", gpu_count: int = 8,
                  repos: Sequence[RepoSpec] | None = None,
@@ -464,7 +553,9 @@ class AptRepo:
         for path, (kind, src) in pkg.files.items():
             target = stage / path.lstrip("/")
             target.parent.mkdir(parents=True, exist_ok=True)
-            if kind == "fake":
+            if kind == "link":
+                target.symlink_to(src)
+            elif kind == "fake":
                 target.write_text(render_fake(src, pkg.build))
                 target.chmod(0o755)
             elif kind == "file":
@@ -472,7 +563,7 @@ class AptRepo:
                 target.chmod(0o644)
             else:
                 target.write_text(src)
-                target.chmod(0o644)
+                target.chmod(0o755 if kind == "exec" else 0o644)
         fields = [("Package", pkg.name), ("Version", pkg.version), ("Architecture", "amd64"),
                   ("Maintainer", "corral hostlab <hostlab@corral.invalid>"),
                   ("Section", pkg.section), ("Priority", "optional"),

@@ -126,7 +126,7 @@ def hostlab_repo_factory(hostlab):
 
 @pytest.fixture(scope="session")
 def hostlab_repo(hostlab_repo_factory) -> AptRepo:
-    """The default fake repos (driver 550.127.05, toolkit 1.17.3, k8s 1.31.4)."""
+    """The default fake repos (driver 550.127.05, toolkit 1.17.8, k8s 1.31.4)."""
     return hostlab_repo_factory()
 
 

@@ -100,3 +100,19 @@ def test_tables_are_consistent():
     # The default is supported from Kubernetes 1.30 to 1.33 (1.7.24+).
     assert [m for m in minors if containerd_error(m + ".0", DEFAULT_CONTAINERD) is None] == [
         "1.26", "1.27", "1.28", "1.29", "1.30", "1.31", "1.32", "1.33"]
+
+
+def test_pause_image_follows_kubeadm_of_the_minor():
+    from corral.model.containerd import pause_image
+
+    # kubeadm's PauseVersion: 3.9 for 1.29 and 1.30, 3.10 for 1.31 and 1.32.
+    assert pause_image("1.30.8") == "registry.k8s.io/pause:3.9"
+    assert pause_image("v1.31.4") == "registry.k8s.io/pause:3.10"
+    assert pause_image("1.40.0") is None
+
+
+def test_a_minor_without_a_known_pause_image_is_refused(tmp_path):
+    from corral.model.containerd import pause_error
+
+    assert pause_error("1.31.4") is None
+    assert "not 1.40" in pause_error("1.40.0") and "PAUSE_VERSIONS" in pause_error("1.40.0")

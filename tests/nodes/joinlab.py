@@ -82,6 +82,11 @@ def site_mirror_vars(repo) -> dict:
         "corral_nvidia_container_toolkit_repo_key_url": key_url,
         "corral_kubernetes_repo_url": repo.url("kubernetes-v1.31"),
         "corral_kubernetes_repo_key_url": key_url,
+        # Flat like the others (Docker's real repository has suites).
+        "corral_containerd_repo_url": repo.url("docker"),
+        "corral_containerd_repo_key_url": key_url,
+        "corral_containerd_repo_suite": "/",
+        "corral_containerd_repo_components": "",
         "corral_apt_mirror": None,
     }
 
@@ -191,3 +196,37 @@ def env_with(setup: JoinSetup) -> dict[str, str]:
     env.pop("CORRAL_CLUSTERS", None)
     return {k: v for k, v in env.items() if isinstance(v, str)} | {
         "PATH": f"{setup.fake_bin}{os.pathsep}{os.environ['PATH']}"}
+
+
+IMAGE_PLAYBOOK = REPO / "node-images" / "image.yml"
+
+
+def bake_image(lab, repo, builder, workdir: Path) -> dict:
+    """Run node-images/image.yml against `builder`, as Packer runs it against a build VM.
+
+    Returns rc, stdout, stderr and wall time. The lab has no cloud metadata
+    service, so cloud-init stays out of the image (a copy would search
+    datasources at every boot).
+    """
+    import subprocess
+    import time
+
+    put_key(repo, builder)
+    inventory = workdir / "image-inventory.json"
+    inventory.write_text(json.dumps({"all": {"hosts": {builder.name: {"ansible_user": "root"}}}}))
+    extra = workdir / "image-vars.json"
+    extra.write_text(json.dumps({**site_mirror_vars(repo), "corral_kubernetes_version": "1.31.4",
+                                 "corral_nvidia_driver_version": "550.127.05", "corral_image_cloud_init": False}))
+    ssh_config = lab.write_ssh_config(workdir / "image-ssh-config", hosts=[builder])
+    env = lab.ansible_env()
+    env.update(ANSIBLE_SSH_ARGS=f"-F {ssh_config} -o ControlMaster=no",
+               ANSIBLE_CACHE_PLUGIN_CONNECTION=str(workdir / "image-facts"),
+               ANSIBLE_LOCAL_TEMP=str(workdir / "ansible-tmp"),
+               ANSIBLE_ROLES_PATH=str(REPO / "ansible" / "roles"),
+               ANSIBLE_CONFIG=str(REPO / "ansible" / "ansible.cfg"))
+    t0 = time.monotonic()
+    result = subprocess.run(["ansible-playbook", "-i", str(inventory), "-e", f"@{extra}", str(IMAGE_PLAYBOOK)],
+                            env={k: v for k, v in env.items() if isinstance(v, str)},
+                            capture_output=True, text=True, timeout=1800)
+    return {"rc": result.returncode, "stdout": result.stdout, "stderr": result.stderr,
+            "wall": time.monotonic() - t0}

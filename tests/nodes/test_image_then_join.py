@@ -24,7 +24,6 @@ import subprocess
 import time
 
 import pytest
-import yaml
 
 pytest.importorskip("testinfra")
 import testinfra  # noqa: E402
@@ -36,7 +35,6 @@ pytestmark = pytest.mark.hostlab
 BUILDER = "ij-build-001.sf1.internal"
 FROM_IMAGE = "ij-gpu-001.sf1.internal"
 BARE = "ij-gpu-002.sf1.internal"
-IMAGE_PLAYBOOK = joinlab.REPO / "node-images" / "image.yml"
 
 # What a join may still change on a machine booted from the image: the join
 # itself, and what only the cluster file knows for this machine's pool - which
@@ -57,25 +55,15 @@ JOIN_ONLY_TASKS = {
     "Render the RoCE QoS script",
     "Install the RoCE QoS systemd unit (runs the script at every boot)",
     "Enable the RoCE QoS unit",
+    # This machine's kubelet reservations, sized from its own memory and CPUs
+    # (an image is built on another machine) into the kubeadm patch.
+    "Install the kubelet reservations script (the template cloud nodes run too)",
+    "Size this host's kubelet reservations (kubeadm patch)",
     # The pool's GPU preflight expectations (model, count, driver).
     "Install the preflight script (the template cloud nodes run too)",
     "Install the preflight unit (runs at every boot, so a reboot re-checks the node)",
     "Enable the preflight unit",
 }
-
-
-def run_image_playbook(setup_env: dict, workdir, extra_vars: dict) -> dict:
-    inventory = workdir / "image-inventory.yml"
-    inventory.write_text(yaml.safe_dump({"all": {"hosts": {BUILDER: {"ansible_user": "root"}}}}))
-    extra = workdir / "image-vars.json"
-    extra.write_text(json.dumps(extra_vars))
-    env = dict(setup_env, ANSIBLE_ROLES_PATH=str(joinlab.REPO / "ansible" / "roles"),
-               ANSIBLE_CONFIG=str(joinlab.REPO / "ansible" / "ansible.cfg"))
-    t0 = time.monotonic()
-    result = subprocess.run(["ansible-playbook", "-i", str(inventory), "-e", f"@{extra}", str(IMAGE_PLAYBOOK)],
-                            env=env, capture_output=True, text=True, timeout=1800)
-    return {"rc": result.returncode, "stdout": result.stdout, "stderr": result.stderr,
-            "wall": time.monotonic() - t0}
 
 
 def timed_join(setup, host: str) -> dict:
@@ -97,22 +85,8 @@ def image_then_join(hostlab, hostlab_repo, tmp_path_factory):
     try:
         builder = lab.boot([BUILDER])[0]
         hosts.append(builder)
-        joinlab.put_key(repo, builder)
-        ssh_config = lab.write_ssh_config(workdir / "ssh_config", hosts=[builder])
-        env = lab.ansible_env()
-        env.update(ANSIBLE_SSH_ARGS=f"-F {ssh_config} -o ControlMaster=no",
-                   ANSIBLE_CACHE_PLUGIN_CONNECTION=str(workdir / "facts"),
-                   ANSIBLE_LOCAL_TEMP=str(workdir / "ansible-tmp"))
-        image_vars = {
-            **joinlab.site_mirror_vars(repo),
-            "corral_kubernetes_version": "1.31.4",
-            "corral_nvidia_driver_version": "550.127.05",
-            # The lab has no cloud metadata service: cloud-init in the image
-            # would search datasources at every boot of the copy.
-            "corral_image_cloud_init": False,
-        }
-        image = run_image_playbook(env, workdir, image_vars)
-        image_again = run_image_playbook(env, workdir, image_vars) if image["rc"] == 0 else None
+        image = joinlab.bake_image(lab, repo, builder, workdir)
+        image_again = joinlab.bake_image(lab, repo, builder, workdir) if image["rc"] == 0 else None
         builder.stop()
         from_image = lab.boot_from(builder, FROM_IMAGE)
         hosts.append(from_image)

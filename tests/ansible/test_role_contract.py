@@ -1,0 +1,56 @@
+"""The roles' defaults agree with the model and the add-ons they work with.
+
+Cloud nodes get the same settings from the machine layer (node prep) that
+on-prem nodes get from the roles; these tests keep the two sources, and the
+device plugin's expectations of the node, from drifting apart.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from ruamel.yaml import YAML
+
+from corral.machine.kubelet_node import node_files
+from corral.manifests.policy import NODE_RUNTIME_SETTINGS
+from corral.model import load_cluster
+from corral.model.containerd import DEFAULT_CONTAINERD, package_version, pause_image
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTERS = sorted((ROOT / "clusters").glob("*.yaml"))
+
+
+def role_defaults(role: str) -> dict:
+    return YAML(typ="safe").load((ROOT / "ansible" / "roles" / role / "defaults" / "main.yml").read_text())
+
+
+def test_the_toolkit_settings_are_the_ones_the_device_plugin_strategy_needs():
+    defaults = role_defaults("container_runtime")
+    assert defaults["corral_nvidia_container_runtime_settings"] == NODE_RUNTIME_SETTINGS
+
+
+def test_the_toolkit_is_pinned_past_its_container_escape_fix():
+    # CVE-2025-23266 and CVE-2025-23267 are fixed in 1.17.8 (NVIDIA bulletin a_id/5659).
+    version = role_defaults("container_runtime")["corral_nvidia_container_toolkit_version"]
+    assert tuple(int(p) for p in version.split(".")) >= (1, 17, 8)
+
+
+def test_the_roles_default_containerd_is_the_models():
+    defaults = role_defaults("container_runtime")
+    assert defaults["corral_containerd_version"] == DEFAULT_CONTAINERD
+    assert defaults["corral_containerd_package"] == "containerd.io"
+    assert defaults["corral_containerd_package_set"]["hold"] is True
+
+
+@pytest.mark.parametrize("path", CLUSTERS, ids=lambda p: p.stem)
+def test_cloud_nodes_install_the_clusters_containerd_with_its_sandbox_image_and_memlock(path):
+    cluster = load_cluster(path)
+    prep = next(f.content for f in node_files(cluster) if f.path.endswith("corral-node-prep"))
+    assert f"containerd.io={package_version(cluster.kubernetes.containerd)}" in prep
+    assert "apt-mark hold containerd.io kubelet kubeadm kubectl" in prep
+    # Not Debian's containerd (1.6.20, below the minimum for Kubernetes 1.30+).
+    installs = [line for line in prep.replace("\\\n", " ").splitlines() if "apt_get install" in line]
+    assert installs and not any(" containerd " in f"{line} " for line in installs)
+    assert f'sandbox_image = "{pause_image(cluster.kubernetes.version)}"' in prep
+    assert "LimitMEMLOCK=infinity" in prep
