@@ -7,6 +7,7 @@ import pulumi_gcp as gcp
 
 from corral.infra.platform import ClusterContext
 from corral.model.layout import API_PORT
+from corral.model.mtu import CLOUD_PATHS, FLANNEL_OVERHEAD
 
 from .common import (
     TAG_APISERVER,
@@ -26,15 +27,14 @@ ANYWHERE = "0.0.0.0/0"
 HEALTH_CHECK_RANGES = ("35.191.0.0/16", "130.211.0.0/22")
 
 # VPC MTU. GCE takes 1300-8896 and defaults to 1460. flannel's overlay MTU
-# plus its encapsulation must fit in the VPC's: VXLAN adds 50 bytes (outer
-# IPv4 20 + UDP 8 + VXLAN 8 + inner Ethernet 14), WireGuard 60 over IPv4,
-# IP-in-IP 20, host-gw nothing. So the VPC MTU is flannel's MTU plus that,
-# never below GCE's 1460 default (a larger VPC MTU than flannel needs costs
-# nothing; 1460 is also what Cloud VPN carries without fragmenting) and at
-# most 8896. ibis: flannel 1410 + 50 = 1460.
+# plus its encapsulation (corral.model.mtu.FLANNEL_OVERHEAD, from flannel's
+# backends: VXLAN 50, WireGuard 80, IP-in-IP 20) must fit in the VPC's. So the
+# VPC MTU is flannel's MTU plus that, never below GCE's 1460 default (a larger
+# VPC MTU than flannel needs costs nothing) and at most the model's GCP NIC
+# bound (8896), which the model's rule already holds flannel's MTU to. ibis:
+# flannel 1410 + 50 = 1460.
 GCE_MTU_DEFAULT = 1460
-GCE_MTU_MAX = 8896
-FLANNEL_OVERHEAD = {"vxlan": 50, "wireguard": 60, "ipip": 20, "host-gw": 0}
+GCE_MTU_MAX = CLOUD_PATHS["gcp"].nic_mtu
 
 
 def vpc_mtu(ctx: ClusterContext) -> int:
