@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from corral.model.layout import layout, node_group_name
 from corral.model.schema import (
+    LABEL_DOMAIN,
     PREFLIGHT_TAINT_KEY,
     TEAM_TAINT_KEY,
     UNHEALTHY_TAINT_KEY,
@@ -35,6 +36,8 @@ SYSTEM_NAMESPACES = ("kube-system", FLANNEL_NAMESPACE, MONITORING_NAMESPACE)
 GPU_TAINT_KEY = "nvidia.com/gpu"
 # The label every GPU pool's nodes register with (Cluster.node_labels).
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
+# Every pool's nodes name their pool (Cluster.node_labels).
+POOL_LABEL = f"{LABEL_DOMAIN}/pool"
 
 # PodTolerationRestriction namespace annotations.
 DEFAULT_TOLERATIONS_ANNOTATION = "scheduler.alpha.kubernetes.io/defaultTolerations"
@@ -381,6 +384,168 @@ def placement_policy(cluster: Cluster) -> dict:
             {"expression": CONTROL_PLANE_EXPRESSION, "messageExpression": CONTROL_PLANE_MESSAGE, "reason": "Forbidden"},
             {"expression": TEAM_POLICY_EXPRESSION, "messageExpression": TEAM_POLICY_MESSAGE, "reason": "Forbidden"},
         ],
+    }
+
+
+# --- RDMA for pods (docs/addons.md, "RDMA for pods") ------------------------
+#
+# RoCE pools' HCAs reach pods through Mellanox's shared RDMA device plugin
+# (github.com/Mellanox/k8s-rdma-shared-dev-plugin, v1.5.3): it advertises an
+# extended resource per `configList` entry (`rdma/<resourceName>`, prefix
+# `rdma` by default, pkg/resources/resources_manager.go) and hands a container
+# that requests one the HCAs' /dev/infiniband devices (uverbs, rdma_cm, umad);
+# the HCAs are shared, `rdmaHcaMax` containers per node. A pool's
+# `roce.rdmaResource` names its resource (default rdma/roce).
+#
+# One DaemonSet per resource, on the nodes of the pools behind it (node
+# affinity on corral.dev/pool), each with a config of its own resource only:
+# the plugin applies every configList entry on every node it runs on, so one
+# config with several resources would advertise on a node every resource whose
+# interface names the node happens to have.
+#
+# The traffic class: NCCL sets the RoCE traffic class of its verbs QPs from
+# $NCCL_IB_TC (default 0: DSCP 0, not the pools' lossless class; NVIDIA/nccl
+# src/transport/net_ib/connect.cc, NCCL_IB_TC_DEFAULT). Upstream kernels have
+# no host-wide default for verbs QPs (configfs default_roce_tos covers RDMA-CM
+# QPs only; the mlx5 tc/1/traffic_class sysfs knob is MLNX_OFED's), so the
+# value has to come with the pod. A ValidatingAdmissionPolicy refuses every
+# pod outside the node-agent namespaces with a container that requests an
+# RDMA resource without NCCL_IB_TC set to that resource's traffic class
+# (Roce.traffic_class: DSCP << 2, plus ECT(0) with ECN), and its message says
+# the value to set.
+
+RDMA_DEVICE_PLUGIN = "rdma-shared-dp"
+RDMA_CONFIGMAP = "rdma-shared-dp-config"
+RDMA_NAMESPACE = "kube-system"
+RDMA_RESOURCE_PREFIX = "rdma"
+# HCA shares per node and resource: the kubelet's default maxPods (110,
+# KubeletConfiguration), so the resource never limits how many pods fit.
+RDMA_HCA_MAX = 110
+# Seconds between the plugin's rescans of the host's devices; 60 is its
+# default when unset (README, "periodicUpdateInterval"), written out.
+RDMA_PERIODIC_UPDATE_SECONDS = 60
+RDMA_TRAFFIC_CLASS_POLICY = "corral-rdma-traffic-class"
+NCCL_TRAFFIC_CLASS_ENV = "NCCL_IB_TC"
+
+
+@dataclass(frozen=True)
+class RdmaResource:
+    """One extended resource of the shared RDMA device plugin and the pools behind it."""
+
+    name: str                  # rdma/roce
+    pools: tuple[str, ...]
+    interfaces: tuple[str, ...]  # the pools' RoCE interfaces, the plugin's ifNames selector
+    dscp: int
+    ecn: bool
+    traffic_class: int         # what NCCL_IB_TC must be
+
+    @property
+    def resource_name(self) -> str:
+        """The plugin's `resourceName` (after the prefix)."""
+        return self.name.split("/", 1)[1]
+
+    @property
+    def daemonset(self) -> str:
+        return f"{RDMA_DEVICE_PLUGIN}-{self.resource_name.replace('_', '-')}"
+
+    @property
+    def config_key(self) -> str:
+        return f"{self.resource_name}.json"
+
+
+def rdma_resources(cluster: Cluster) -> list[RdmaResource]:
+    """The cluster's RDMA resources, in the order their first pool appears."""
+    grouped: dict[str, list[OnPremPool]] = {}
+    for pool in cluster.onprem_pools:
+        if pool.roce is not None:
+            grouped.setdefault(pool.roce.rdma_resource, []).append(pool)
+    resources = []
+    for name, pools in grouped.items():
+        classes = {(p.roce.dscp, p.roce.ecn) for p in pools}
+        if len(classes) > 1:  # rules.py refuses this in the cluster file
+            raise ManifestError(f"the pools behind {name} ({', '.join(p.name for p in pools)}) differ in DSCP or ECN")
+        interfaces: list[str] = []
+        for pool in pools:
+            interfaces += [i for i in pool.roce.interfaces if i not in interfaces]
+        roce = pools[0].roce
+        resources.append(RdmaResource(name, tuple(p.name for p in pools), tuple(interfaces),
+                                      roce.dscp, roce.ecn, roce.traffic_class))
+    return resources
+
+
+def rdma_plugin_config(resource: RdmaResource) -> dict:
+    """The plugin's config.json for one resource (README, "RDMA Shared Device Plugin Configurations")."""
+    return {
+        "periodicUpdateInterval": RDMA_PERIODIC_UPDATE_SECONDS,
+        "configList": [{
+            "resourceName": resource.resource_name,
+            "resourcePrefix": RDMA_RESOURCE_PREFIX,
+            "rdmaHcaMax": RDMA_HCA_MAX,
+            "selectors": {"ifNames": list(resource.interfaces)},
+        }],
+    }
+
+
+def pool_affinity(pools: tuple[str, ...] | list[str]) -> dict:
+    """Required node affinity: the nodes of these pools (corral.dev/pool, Cluster.node_labels)."""
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": POOL_LABEL, "operator": "In", "values": list(pools)}]}]}}}
+
+
+def pool_tolerations(cluster: Cluster, pools: tuple[str, ...] | list[str]) -> list[dict[str, str]]:
+    """What a node agent of these pools tolerates: every taint their nodes carry, by
+    key and effect (a team's reservation by key, so moving it changes nothing), and
+    the health agent's taint in any effect (as the GPU agents, docs/gpu-health.md)."""
+    wanted = [(TEAM_TAINT_KEY, "NoSchedule")]
+    for name in pools:
+        pool = cluster.pool(name)
+        for taint in cluster.node_taints(pool):
+            if (taint.key, taint.effect) not in wanted and taint.key != UNHEALTHY_TAINT_KEY:
+                wanted.append((taint.key, taint.effect))
+    return [toleration(key, effect) for key, effect in wanted] + [toleration(UNHEALTHY_TAINT_KEY)]
+
+
+def _requests_resource(resource: str) -> str:
+    """CEL: container `c` requests `resource` (in limits, or requests, which must equal them)."""
+    r = _cel_string(resource)
+    return (f"has(c.resources) && ((has(c.resources.limits) && {r} in c.resources.limits) || "
+            f"(has(c.resources.requests) && {r} in c.resources.requests))")
+
+
+def _sets_traffic_class(value: str) -> str:
+    """CEL: container `c` sets NCCL_IB_TC to `value` as a literal, in every entry of that name
+    (the last one wins in the kubelet; env wins over envFrom, core/v1 Container.envFrom)."""
+    name, v = _cel_string(NCCL_TRAFFIC_CLASS_ENV), _cel_string(value)
+    return (f"has(c.env) && c.env.exists(e, e.name == {name}) && "
+            f"c.env.all(e, e.name != {name} || (has(e.value) && e.value == {v}))")
+
+
+def rdma_traffic_class_policy(cluster: Cluster) -> dict:
+    """The ValidatingAdmissionPolicy's variable parts: per RDMA resource, a variable
+    listing the containers that request it without its traffic class, and a
+    validation that the list is empty, whose message names the first of them."""
+    variables = [{"name": "containers", "expression": (
+        "object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : [])")}]
+    validations = []
+    for resource in rdma_resources(cluster):
+        missing = f"withoutTrafficClass_{resource.resource_name}"
+        variables.append({"name": missing, "expression": (
+            f"variables.containers.filter(c, ({_requests_resource(resource.name)}) "
+            f"&& !({_sets_traffic_class(str(resource.traffic_class))}))")})
+        ecn = " with ECN" if resource.ecn else ""
+        message = f"'container ' + variables.{missing}[0].name + " + _cel_string(
+            f" requests {resource.name}: set env {NCCL_TRAFFIC_CLASS_ENV}={resource.traffic_class} in it "
+            f"(a value, not valueFrom), the RoCE traffic class of the lossless class the pools behind "
+            f"{resource.name} carry (DSCP {resource.dscp}{ecn}); NCCL's default, 0, is not lossless "
+            "(docs/addons.md, RDMA for pods)"
+        )
+        validations.append({"expression": f"size(variables.{missing}) == 0", "messageExpression": message,
+                            "reason": "Forbidden"})
+    return {
+        "name": RDMA_TRAFFIC_CLASS_POLICY,
+        "exempt_namespaces": list(SYSTEM_NAMESPACES),
+        "variables": variables,
+        "validations": validations,
     }
 
 

@@ -220,6 +220,28 @@ def nvidia_device_plugin(cluster: Cluster) -> list[dict]:
     )
 
 
+def rdma_shared_device_plugin(cluster: Cluster) -> list[dict]:
+    resources = []
+    for resource in policy.rdma_resources(cluster):
+        config_json = json.dumps(policy.rdma_plugin_config(resource), indent=2) + "\n"
+        resources.append({
+            "daemonset": resource.daemonset,
+            "config_key": resource.config_key,
+            "config_json": config_json,
+            "config_hash": _hash(config_json),
+            "affinity": policy.pool_affinity(resource.pools),
+            "tolerations": policy.pool_tolerations(cluster, resource.pools),
+        })
+    return _template(
+        "rdma-shared-device-plugin",
+        namespace=policy.RDMA_NAMESPACE,
+        configmap=policy.RDMA_CONFIGMAP,
+        resources=resources,
+        image=versions.RDMA_SHARED_DEVICE_PLUGIN,
+        policy=policy.rdma_traffic_class_policy(cluster),
+    )
+
+
 def cluster_autoscaler(cluster: Cluster) -> list[dict]:
     try:
         image = versions.cluster_autoscaler(cluster.kubernetes.minor)
@@ -363,14 +385,14 @@ def gpu_health(cluster: Cluster) -> list[dict]:
 
 # Every add-on corral knows, in apply order, with when it applies.
 ADDON_NAMES = (
-    "flannel", "pod-security", "teams", "scheduling", "nvidia-device-plugin", "gpu-health", "cluster-autoscaler",
-    "kubelet-csr-approver", "monitoring",
+    "flannel", "pod-security", "teams", "scheduling", "nvidia-device-plugin", "rdma-shared-device-plugin",
+    "gpu-health", "cluster-autoscaler", "kubelet-csr-approver", "monitoring",
 )
 
 
 def render(cluster: Cluster) -> list[Addon]:
-    """The cluster's add-ons; those that do not apply (no GPU pool, no cloud pool,
-    no team, default scheduling) are left out."""
+    """The cluster's add-ons; those that do not apply (no GPU pool, no RoCE pool,
+    no cloud pool, no team, default scheduling) are left out."""
     sched = cluster.scheduling
     parts: list[tuple[str, bool, object]] = [
         ("flannel", True, flannel),
@@ -378,6 +400,7 @@ def render(cluster: Cluster) -> list[Addon]:
         ("teams", bool(sched.teams), teams),
         ("scheduling", sched.bin_packing or sched.coscheduling, scheduling),
         ("nvidia-device-plugin", bool(policy.gpu_pools(cluster)), nvidia_device_plugin),
+        ("rdma-shared-device-plugin", bool(policy.rdma_resources(cluster)), rdma_shared_device_plugin),
         ("gpu-health", bool(policy.gpu_pools(cluster)), gpu_health),
         ("cluster-autoscaler", bool(cluster.cloud_pools), cluster_autoscaler),
         ("kubelet-csr-approver", True, kubelet_csr_approver),

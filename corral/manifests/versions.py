@@ -30,6 +30,12 @@ NVIDIA_DEVICE_PLUGIN = "nvcr.io/nvidia/k8s-device-plugin:v0.17.4"
 # file, not the image's default (monitoring.DCGM_COUNTERS).
 DCGM_EXPORTER = "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9-3.6.1-ubuntu22.04"
 
+# Mellanox's shared RDMA device plugin (RoCE pools' HCAs for pods): the newest
+# release (github.com/Mellanox/k8s-rdma-shared-dev-plugin tags, v1.5.3 of
+# 2025-03-26); its release workflow pushes each tag to ghcr.io/mellanox as a
+# multi-arch image (.github/workflows/release.yaml).
+RDMA_SHARED_DEVICE_PLUGIN = "ghcr.io/mellanox/k8s-rdma-shared-dev-plugin:v1.5.3"
+
 # Monitoring.
 PROMETHEUS = "quay.io/prometheus/prometheus:v2.55.1"
 NODE_EXPORTER = "quay.io/prometheus/node-exporter:v1.8.2"

@@ -71,6 +71,7 @@ def check_cluster(cluster: Cluster) -> list[Finding]:
         *_network_settings(cluster),
         *_pod_network_backend(cluster),
         *_teams(cluster),
+        *_rdma_resources(cluster),
     ]
 
 
@@ -375,6 +376,31 @@ def _teams(cluster: Cluster) -> Iterator[Finding]:
                     f"namespace '{namespace}' already belongs to team '{namespace_owner[namespace]}'"
                 )
             namespace_owner.setdefault(namespace, team.name)
+
+
+def _rdma_resources(cluster: Cluster) -> Iterator[Finding]:
+    """Pools that share an RDMA resource share its traffic class.
+
+    A pod asks for the resource, not a pool, and the admission policy holds
+    its NCCL_IB_TC to the one traffic class of that resource
+    (corral/manifests/policy.py, docs/addons.md "RDMA for pods"): two pools
+    behind one name with different DSCP or ECN would leave a pod's traffic in
+    the wrong class on one of them.
+    """
+    first: dict[str, OnPremPool] = {}
+    for i, pool in enumerate(cluster.node_pools):
+        if not isinstance(pool, OnPremPool) or pool.roce is None:
+            continue
+        roce = pool.roce
+        other = first.setdefault(roce.rdma_resource, pool)
+        if other is not pool and (other.roce.dscp, other.roce.ecn) != (roce.dscp, roce.ecn):
+            yield ("nodePools", i, "roce", "rdmaResource"), (
+                f"{roce.rdma_resource} is also pool '{other.name}'s resource, whose RoCE traffic is DSCP "
+                f"{other.roce.dscp} with ECN {'on' if other.roce.ecn else 'off'} (traffic class "
+                f"{other.roce.traffic_class}), but this pool's is DSCP {roce.dscp} with ECN "
+                f"{'on' if roce.ecn else 'off'} ({roce.traffic_class}): pods request the resource, not the pool, "
+                "so give this pool its own rdmaResource or the same dscp and ecn"
+            )
 
 
 def check_fleet(clusters: Mapping[str, Cluster]) -> Iterator[tuple[str, tuple, str]]:

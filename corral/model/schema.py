@@ -435,12 +435,39 @@ class Gpu(Spec):
     fabric_manager: bool = False
 
 
+# The extended resource the shared RDMA device plugin advertises for a RoCE
+# pool's HCAs (github.com/Mellanox/k8s-rdma-shared-dev-plugin): its resource
+# prefix `rdma` (the plugin's default) and a resource name, which the plugin
+# takes as [a-zA-Z0-9_]+ and Kubernetes as a qualified name (alphanumeric at
+# both ends). Lower-case only here: the name also names the plugin's DaemonSet.
+RdmaResource = strict_text(
+    r"rdma/[a-z0-9]([a-z0-9_]*[a-z0-9])?\Z",
+    "'rdma/' and a name of lower-case letters, digits and '_' (starting and ending with a letter or digit)",
+    45, "rdma/roce",
+)
+DEFAULT_RDMA_RESOURCE = "rdma/roce"
+
+
 class Roce(Spec):
     interfaces: list[InterfaceName] = Field(min_length=1)
     mtu: int = Field(9000, ge=1280, le=9216)
     pfc_priority: int = Field(3, ge=0, le=7)
     dscp: int = Field(26, ge=0, le=63)
     ecn: bool = True
+    # What a pod requests (`rdma/roce: 1`) to open the pool's HCAs
+    # (docs/addons.md, "RDMA for pods"). Pools that share one resource share
+    # its traffic class (rules.py), which the admission policy holds pods to.
+    rdma_resource: RdmaResource = Field(
+        DEFAULT_RDMA_RESOURCE,
+        description=f"extended resource of the pool's HCAs (shared RDMA device plugin), default {DEFAULT_RDMA_RESOURCE}",
+    )
+
+    @property
+    def traffic_class(self) -> int:
+        """The RoCE v2 traffic class (IP ToS byte) of the pool's lossless class:
+        DSCP in the upper six bits, ECT(0) ('10', RFC 3168 section 5) in the two
+        ECN bits when ECN is on. DSCP 26 with ECN: 106. What NCCL_IB_TC must be."""
+        return self.dscp << 2 | (0b10 if self.ecn else 0)
 
 
 # Xid classes (NVIDIA's Xid catalogue, docs.nvidia.com/deploy/xid-errors/

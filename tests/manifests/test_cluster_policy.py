@@ -48,7 +48,13 @@ def placement_policy(cluster: Cluster) -> dict:
 
 
 def admit(cluster: Cluster, namespace: str, spec: dict, operation: str = "CREATE") -> tuple[bool, list[str]]:
-    """(allowed, denial messages) for a pod with `spec` in `namespace`, as the API server decides.
+    """(allowed, denial messages) of the placement policy for a pod with `spec` in `namespace`."""
+    return evaluate_pod_policy(placement_policy(cluster)["spec"], namespace, spec, operation)
+
+
+def evaluate_pod_policy(vap: dict, namespace: str, spec: dict, operation: str = "CREATE") -> tuple[bool, list[str]]:
+    """(allowed, denial messages) of a pod ValidatingAdmissionPolicy (its `spec`) for a
+    pod with `spec` in `namespace`, as the API server decides.
 
     The namespace selector is matched as the API server does (the
     kubernetes.io/metadata.name label is the namespace's name); then the
@@ -56,7 +62,6 @@ def admit(cluster: Cluster, namespace: str, spec: dict, operation: str = "CREATE
     expression of each failing validation.
     """
     celpy = pytest.importorskip("celpy")
-    vap = placement_policy(cluster)["spec"]
     for expression in vap["matchConstraints"]["namespaceSelector"]["matchExpressions"]:
         assert expression["key"] == "kubernetes.io/metadata.name" and expression["operator"] == "NotIn"
         if namespace in expression["values"]:

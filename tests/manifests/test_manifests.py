@@ -434,6 +434,8 @@ def test_adding_a_gpu_pool_taint_changes_the_gpu_agents_and_team_whitelists(tmp_
     assert changed(before, after) == {
         "DaemonSet/kube-system/nvidia-device-plugin",
         "DaemonSet/corral-monitoring/dcgm-exporter",
+        # The pool is a RoCE pool: its RDMA device plugin tolerates the taint too.
+        "DaemonSet/kube-system/rdma-shared-dp-roce",
         "Namespace/robotics",
     }
 
@@ -477,8 +479,8 @@ def test_cli_writes_one_file_per_addon_and_removes_stale_ones(tmp_path):
     assert result.exit_code == 0, result.output
     written = sorted(p.name for p in out.iterdir())
     assert written == ["flannel.yaml", "gpu-health.yaml", "kubelet-csr-approver.yaml", "monitoring.yaml",
-                       "notes.txt", "nvidia-device-plugin.yaml", "pod-security.yaml", "scheduling.yaml",
-                       "teams.yaml"]
+                       "notes.txt", "nvidia-device-plugin.yaml", "pod-security.yaml",
+                       "rdma-shared-device-plugin.yaml", "scheduling.yaml", "teams.yaml"]
     assert "removed" in result.stdout
 
 
