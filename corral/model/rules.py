@@ -10,15 +10,20 @@ import ipaddress
 import re
 from collections.abc import Iterator, Mapping
 
-from .containerd import containerd_error
+from .containerd import containerd_error, pause_error
 from .hosts import expand
 from .layout import MAX_ZONES, layout, network_too_small
 from .disks import DISK_TYPES, attach_floor_error, disk_types_for, etcd_iops_floor, machine_series
 from .mtu import flannel_mtu_limit
 from .vm_disk_limits import vm_disk_caps
-from .schema import LABEL_DOMAIN, PRIVATE_NETWORKS, CloudPool, Cluster, OnPremPool, is_private_network
+from .schema import (
+    LABEL_DOMAIN, PODS_PER_NODE, PRIVATE_NETWORKS, ArpCache, CloudPool, Cluster, OnPremPool, is_private_network,
+)
 
 Finding = tuple[tuple, str]
+
+# The kernel's own gc_thresh1 (ip-sysctl.rst): never refused.
+KERNEL_GC_THRESH1 = 128
 
 # Zone names per cloud. Azure numbers its availability zones "1".."3"; AWS
 # and GCP name them after the region with a letter suffix.
@@ -112,6 +117,8 @@ def _containerd(cluster: Cluster) -> Iterator[Finding]:
     kubernetes = cluster.kubernetes
     if message := containerd_error(kubernetes.version, kubernetes.containerd):
         yield ("kubernetes", "containerd"), message
+    if message := pause_error(kubernetes.version):
+        yield ("kubernetes", "version"), message
 
 
 def _etcd_disk(cluster: Cluster) -> Iterator[Finding]:
@@ -331,6 +338,15 @@ def _network_settings(cluster: Cluster) -> Iterator[Finding]:
         yield ("network", "arpCache", "gcThresh2"), (
             f"ARP thresholds must ascend: gcThresh1 {arp.gc_thresh1} < gcThresh2 "
             f"{arp.gc_thresh2} < gcThresh3 {arp.gc_thresh3}"
+        )
+    # Below gc_thresh1 the kernel purges nothing, stale entries included.
+    working_set = ArpCache.working_set(cluster.node_capacity)
+    if arp.gc_thresh1 > max(2 * working_set, KERNEL_GC_THRESH1):
+        yield ("network", "arpCache", "gcThresh1"), (
+            f"gcThresh1 {arp.gc_thresh1:,} is the number of neighbour entries the kernel never purges, "
+            f"stale ones included; a node of this cluster uses about {working_set:,} "
+            f"({cluster.node_capacity:,} nodes and {PODS_PER_NODE} pods); use at most {2 * working_set:,}, "
+            "or leave arpCache out to have it sized for the cluster"
         )
     # One MTU for the whole pod network, no larger than its smallest path
     # (mtu.py). The RoCE NICs are no such path: flanneld sends from the

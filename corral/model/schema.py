@@ -392,22 +392,38 @@ class Flannel(Spec):
     port: int = Field(8472, ge=1, le=65_535)
 
 
+# The kubelet's default maxPods (KubeletConfiguration reference, maxPods: 110).
+PODS_PER_NODE = 110
+
+
 class ArpCache(Spec):
     gc_thresh1: int = Field(ge=1)
     gc_thresh2: int = Field(ge=1)
     gc_thresh3: int = Field(ge=1)
 
+    @staticmethod
+    def working_set(node_capacity: int) -> int:
+        """The neighbour entries a node really uses: with flannel direct routing
+        every other node on its subnet (at most the whole cluster), plus its own
+        pods on the bridge (the kubelet's default maxPods, 110)."""
+        return node_capacity + PODS_PER_NODE
+
     @classmethod
     def for_nodes(cls, node_capacity: int) -> ArpCache:
         """Neighbour table sizes for a cluster of this many nodes.
 
-        With flannel direct routing every node holds a neighbour entry per
-        peer on its subnet, plus its own pods. 16 entries per node, at least
-        the kernel-default-beating 8,192 and at most OpenAI's 7,500-node
-        figures (80,000 / 90,000 / 100,000), which a 6,250-node cluster reaches.
+        gc_thresh3 (the hard limit) and gc_thresh2 (where garbage collection
+        turns aggressive): 16 entries per node, at least the
+        kernel-default-beating 8,192 and at most OpenAI's 7,500-node figures
+        (90,000 / 100,000), which a 6,250-node cluster reaches. gc_thresh1 is
+        the number of entries the kernel never purges (ip-sysctl.rst: "Garbage
+        collector will not purge entries if there are fewer than this
+        number"): the working set, so stale entries above it are still
+        collected - OpenAI's 80,000 kept every stale entry of a smaller cluster.
         """
         high = max(8_192, min(100_000, 16 * node_capacity))
-        return cls(gc_thresh1=high * 8 // 10, gc_thresh2=high * 9 // 10, gc_thresh3=high)
+        return cls(gc_thresh1=min(cls.working_set(node_capacity), high // 2),
+                   gc_thresh2=high * 9 // 10, gc_thresh3=high)
 
 
 class Network(Spec):

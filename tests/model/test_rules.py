@@ -273,8 +273,15 @@ def test_dscp(tmp_path):
     assert "nodePools[0].roce.dscp: must be less than or equal to 63" in found
 
 
+def jaguar_with_arp_cache(thresholds: str) -> str:
+    """jaguar with an explicit network.arpCache (the example leaves it to corral)."""
+    flannel = "  flannel: {backend: vxlan, directRouting: true, mtu: 1350}\n"
+    return example("jaguar").replace(flannel, f"{flannel}  arpCache: {{{thresholds}}}\n")
+
+
 def test_arp_thresholds_ascend(tmp_path):
-    found = only(variant(tmp_path, "jaguar", "gcThresh2: 90000", "gcThresh2: 70000"))
+    text = jaguar_with_arp_cache("gcThresh1: 700, gcThresh2: 500, gcThresh3: 100000")
+    found = only(problems(tmp_path, {"jaguar.yaml": text}))
     assert "network.arpCache.gcThresh2: ARP thresholds must ascend" in found
 
 
@@ -289,15 +296,30 @@ def test_direct_routing_needs_vxlan(tmp_path):
 def test_arp_defaults_from_cluster_size(tmp_path):
     from corral.model import load_cluster
 
-    text = example("jaguar").replace(
-        "  arpCache: {gcThresh1: 80000, gcThresh2: 90000, gcThresh3: 100000}\n", "")
+    text = example("jaguar")
+    assert "arpCache" not in text.split("scheduling:")[0].replace("# ", "")  # sized by corral
     (tmp_path / "jaguar.yaml").write_text(text)
-    small = load_cluster(tmp_path / "jaguar.yaml").network.arp_cache
+    small = load_cluster(tmp_path / "jaguar.yaml")
     (tmp_path / "jaguar.yaml").write_text(
         text.replace("gpu-[001:064]", "gpu-[0001:7000]").replace("podCIDR: 10.128.0.0/14", "podCIDR: 10.128.0.0/11"))
-    large = load_cluster(tmp_path / "jaguar.yaml").network.arp_cache
-    assert small.gc_thresh3 == 8192 and small.gc_thresh1 < small.gc_thresh2 < small.gc_thresh3
-    assert (large.gc_thresh1, large.gc_thresh2, large.gc_thresh3) == (80000, 90000, 100000)
+    large = load_cluster(tmp_path / "jaguar.yaml")
+    arp = small.network.arp_cache
+    assert arp.gc_thresh3 == 8192 and arp.gc_thresh1 < arp.gc_thresh2 < arp.gc_thresh3
+    # gc_thresh1 is what the kernel never purges: the working set (every
+    # node and a node's pods), not a fixed share of the limit.
+    assert arp.gc_thresh1 == small.node_capacity + 110
+    big = large.network.arp_cache
+    assert (big.gc_thresh2, big.gc_thresh3) == (90000, 100000)
+    assert big.gc_thresh1 == large.node_capacity + 110 < 80000
+
+
+def test_a_gc_thresh1_that_keeps_stale_entries_is_refused(tmp_path):
+    text = jaguar_with_arp_cache("gcThresh1: 80000, gcThresh2: 90000, gcThresh3: 100000")
+    found = only(problems(tmp_path, {"jaguar.yaml": text}))
+    assert "network.arpCache.gcThresh1: gcThresh1 80,000 is the number of neighbour entries the kernel never purges" in found
+    assert "use at most 764" in found
+    ok = text.replace("gcThresh1: 80000", "gcThresh1: 700")
+    assert problems(tmp_path, {"jaguar.yaml": ok}) == []
 
 
 def test_team_reserving_unknown_pool(tmp_path):
