@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from corral.model.layout import layout, node_group_name
 from corral.model.schema import (
     LABEL_DOMAIN,
+    PODS_PER_NODE,
     PREFLIGHT_TAINT_KEY,
     TEAM_TAINT_KEY,
     UNHEALTHY_TAINT_KEY,
@@ -420,7 +421,7 @@ RDMA_NAMESPACE = "kube-system"
 RDMA_RESOURCE_PREFIX = "rdma"
 # HCA shares per node and resource: the kubelet's default maxPods (110,
 # KubeletConfiguration), so the resource never limits how many pods fit.
-RDMA_HCA_MAX = 110
+RDMA_HCA_MAX = PODS_PER_NODE
 # Seconds between the plugin's rescans of the host's devices; 60 is its
 # default when unset (README, "periodicUpdateInterval"), written out.
 RDMA_PERIODIC_UPDATE_SECONDS = 60
