@@ -16,15 +16,75 @@ The rules, by kubectl call:
   enforces PodDisruptionBudgets), `get daemonsets` (drain skips their pods),
   `get/list poddisruptionbudgets` (the run can say which budget refused).
 Nothing else: no delete (no `--disable-eviction`), no secrets, no RBAC.
+
+`patch nodes` in RBAC covers every field of every Node; the
+ValidatingAdmissionPolicy `corral-node-runner-scope` narrows what the
+runner's updates may change to what cordon, uncordon and corral's cordon mark
+need: `spec.unschedulable` and the `corral.dev/cordoned-by` annotation. A
+stolen runner token cannot relabel a node into a team's pool, add or remove
+taints, or rewrite its provider ID (docs/security.md).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from corral.health.kube import CORDON_ANNOTATION
+
 NAMESPACE = "kube-system"
 SERVICE_ACCOUNT = "corral-node-runner"
 CLUSTER_ROLE = "corral:node-runner"
+SCOPE_POLICY = "corral-node-runner-scope"
+USERNAME = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
+
+# The Node fields cordon/uncordon leave alone, compared old to new (a typed
+# object's fields cannot be iterated in CEL, so they are named).
+_FIXED_SPEC_FIELDS = ("taints", "providerID", "podCIDR", "podCIDRs")
+
+
+def _field(obj: str, path: str, empty: str) -> str:
+    """CEL for `obj.path`, or `empty` where it is not set."""
+    parent, _, name = path.rpartition(".")
+    return f"(has({obj}.{path}) ? {obj}.{path} : {empty})" if parent else f"{obj}.{path}"
+
+
+def _scope_validations() -> list[dict[str, str]]:
+    same = [
+        {"expression": f"{_field('object', 'metadata.labels', '{}')} == {_field('oldObject', 'metadata.labels', '{}')}",
+         "message": "the node runner may not change a node's labels"},
+        {"expression": (f"variables.newAnnotations.all(k, k == '{CORDON_ANNOTATION}' || "
+                        "(k in variables.oldAnnotations && variables.oldAnnotations[k] == variables.newAnnotations[k])) && "
+                        f"variables.oldAnnotations.all(k, k == '{CORDON_ANNOTATION}' || k in variables.newAnnotations)"),
+         "message": f"the node runner may change only the {CORDON_ANNOTATION} annotation of a node"},
+    ]
+    for name in _FIXED_SPEC_FIELDS:
+        empty = "[]" if name in ("taints", "podCIDRs") else "''"
+        same.append({"expression": f"{_field('object', f'spec.{name}', empty)} == {_field('oldObject', f'spec.{name}', empty)}",
+                     "message": f"the node runner may not change a node's spec.{name} (only spec.unschedulable)"})
+    return same
+
+
+def scope_policy_objects(labels: dict[str, str]) -> list[dict[str, Any]]:
+    """The ValidatingAdmissionPolicy (and its binding) that holds the runner's Node updates to cordoning."""
+    return [
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+         "metadata": {"name": SCOPE_POLICY, "labels": labels},
+         "spec": {
+             # Fail closed: an error in evaluation must not let an update through.
+             "failurePolicy": "Fail",
+             "matchConstraints": {"resourceRules": [
+                 {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["nodes"]}]},
+             "matchConditions": [{"name": "node-runner", "expression": f"request.userInfo.username == '{USERNAME}'"}],
+             "variables": [
+                 {"name": "oldAnnotations", "expression": _field("oldObject", "metadata.annotations", "{}")},
+                 {"name": "newAnnotations", "expression": _field("object", "metadata.annotations", "{}")},
+             ],
+             "validations": _scope_validations(),
+         }},
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+         "metadata": {"name": SCOPE_POLICY, "labels": labels},
+         "spec": {"policyName": SCOPE_POLICY, "validationActions": ["Deny"]}},
+    ]
 
 RULES: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]},
@@ -36,7 +96,7 @@ RULES: list[dict[str, Any]] = [
 
 
 def runner_rbac_objects() -> list[dict[str, Any]]:
-    """ServiceAccount, ClusterRole and ClusterRoleBinding of the node runner."""
+    """ServiceAccount, ClusterRole, ClusterRoleBinding and scope policy of the node runner."""
     labels = {"app.kubernetes.io/managed-by": "corral", "app.kubernetes.io/component": "node-runner"}
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount",
@@ -49,4 +109,5 @@ def runner_rbac_objects() -> list[dict[str, Any]]:
          "metadata": {"name": CLUSTER_ROLE, "labels": labels},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": CLUSTER_ROLE},
          "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}]},
+        *scope_policy_objects(labels),
     ]
