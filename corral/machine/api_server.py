@@ -36,6 +36,7 @@ from .kubeadm import (
     kubeadm_api_version,
 )
 from .kubelet_node import METADATA_URL, PROVIDER_ID_SCRIPT
+from .kubelet_reservations import PATCHES_DIR
 from .part import Part, Phase
 from .scheduler import SCHEDULER_CONFIG, SCHEDULER_IMAGE_PATCH, coscheduling_image, render_scheduler_config, scheduler_image_patch
 from .secret_fetch import FETCH_SCRIPT
@@ -180,6 +181,8 @@ def kubeadm_context(
         # Filled in at boot by the API server script (corral-provider-id).
         "provider_id": PROVIDER_ID_PLACEHOLDER,
         "coscheduling_image": coscheduling_image(cluster),
+        # The kubelet reservations patch (kubelet_reservations, run before kubeadm) and the scheduler image's.
+        "patches_dir": PATCHES_DIR,
     }
 
 

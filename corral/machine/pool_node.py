@@ -1,5 +1,7 @@
 """A cloud pool node: the shared worker JoinConfiguration with the pool's labels and taints, and
-the boot script that fills in its name, provider ID and token and joins.
+the boot script that fills in its name, provider ID and token and joins. The JoinConfiguration
+names kubeadm's patches folder, where kubelet_reservations writes the machine's kubelet
+reservations before the join.
 
 The same JoinConfiguration template (kubeadm.JOIN_TEMPLATE) serves the on-prem
 `kubelet_join` Ansible role. A pool's secret is its own bootstrap token and the
@@ -27,6 +29,7 @@ from .kubeadm import (
     join_secret_files,
 )
 from .kubelet_node import PROVIDER_ID_SCRIPT
+from .kubelet_reservations import PATCHES_DIR
 from .part import Part, Phase
 from .rollout import template_labels
 
@@ -51,6 +54,8 @@ def render_join_configuration(
         node_taints=[{"key": t.key, "value": t.value, "effect": t.effect} for t in cluster.node_taints(pool)],
         cri_socket=CRI_SOCKET,
         kubernetes_version=cluster.kubernetes.version,
+        # The node's kubelet reservations, written there at boot before the join (kubelet_reservations).
+        patches_dir=PATCHES_DIR,
     )
 
 

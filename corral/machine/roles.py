@@ -2,9 +2,10 @@
 
     etcd member   etcd config and unit, data disk, etcd install, disk preflight,
                   snapshot job, node_exporter, certificate-expiry timer
-    API server    kubelet node prep, kubeadm init/join with audit, encryption
-                  and scheduler, certificate-expiry timer
-    pool node     kubelet node prep, kubeadm join
+    API server    kubelet node prep, kubelet reservations, kubeadm init/join with
+                  audit, encryption and scheduler, certificate-expiry timer
+    pool node     kubelet node prep, kubelet reservations (and NUMA alignment
+                  on GPU pools), kubeadm join
 
 Each role has ONE secret bundle (`*_secret`), the files only it needs, which
 the Pulumi program stores in the cloud's secret store and the machine fetches
@@ -17,7 +18,17 @@ from __future__ import annotations
 from corral.model import CloudPool, Cluster
 from corral.model.layout import Layout, Machine
 
-from . import api_server, cert_expiry, data_disk, etcd_member, etcd_snapshot, kubelet_node, node_exporter, pool_node
+from . import (
+    api_server,
+    cert_expiry,
+    data_disk,
+    etcd_member,
+    etcd_snapshot,
+    kubelet_node,
+    kubelet_reservations,
+    node_exporter,
+    pool_node,
+)
 from .api_server import ControlPlaneTls, api_server_secret_files
 from .etcd_member import EtcdMemberTls, etcd_secret_files
 from .files import bundle
@@ -42,6 +53,8 @@ def api_server_role(cluster: Cluster, lay: Layout, index: int) -> Role:
     server = lay.api_servers[index]
     return Role("API server", server.name, (
         kubelet_node.part(cluster),
+        # Sized on the machine before kubeadm (same phase, earlier part); no NUMA alignment.
+        kubelet_reservations.part(),
         api_server.part(cluster, lay, index),
         # The expiry of kubeadm's certificates on this machine, hourly, for the cluster's node-exporter.
         cert_expiry.part(server.name),
@@ -49,7 +62,12 @@ def api_server_role(cluster: Cluster, lay: Layout, index: int) -> Role:
 
 
 def pool_node_role(cluster: Cluster, lay: Layout, pool: CloudPool) -> Role:
-    return Role("cloud pool node", pool.name, (kubelet_node.part(cluster), pool_node.part(cluster, lay, pool)))
+    return Role("cloud pool node", pool.name, (
+        kubelet_node.part(cluster),
+        # Sized on the machine before the join (same phase, earlier part).
+        kubelet_reservations.part(pool),
+        pool_node.part(cluster, lay, pool),
+    ))
 
 
 def etcd_member_secret(tls: EtcdMemberTls) -> str:

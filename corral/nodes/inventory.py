@@ -21,6 +21,7 @@ from typing import Any
 
 from ruamel.yaml import YAML
 
+from corral.machine import kubelet_reservations
 from corral.machine.gpu_preflight import expectations as preflight_expectations
 from corral.model import Cluster, OnPremPool
 
@@ -120,6 +121,8 @@ def pool_vars(cluster: Cluster, pool: OnPremPool) -> dict[str, Any]:
         "corral_node_taints": [t.model_dump() for t in cluster.node_taints(pool)],
         # The GPU preflight's expectations, the same the health agent gives cloud nodes.
         "corral_gpu_preflight": preflight_expectations(cluster, pool),
+        # The kubelet reservations script's inputs, the same cloud nodes of such a pool get.
+        "corral_kubelet_reservations": kubelet_reservations.context(pool),
     }
 
 

@@ -147,3 +147,31 @@ def test_unsafe_marked_values_render_identically_and_literally(tmp_path):
     assert not marker.exists()
     assert dest.read_text() == render(variables)
     assert "{{ lookup(" in dest.read_text()
+
+
+@pytest.mark.parametrize("version", ["1.31.4", "1.30.8"])
+def test_patches_folder_renders_for_both_apis_and_only_when_given(version):
+    """The kubelet reservations patch (corral.machine.kubelet_reservations): kubeadm
+    applies the folder's kubeletconfiguration patch when it writes the kubelet's
+    configuration (JoinConfiguration.patches.directory, v1beta3 and v1beta4)."""
+    variables = dict(VARS, kubernetes_version=version, patches_dir="/etc/kubernetes/patches")
+    outs = {
+        render(variables, trim_blocks=t, lstrip_blocks=l, keep_trailing_newline=k)
+        for t, l, k in itertools.product([False, True], repeat=3)
+    }
+    assert len(outs) == 1, "\n=====\n".join(outs)
+    assert yaml.safe_load(outs.pop())["patches"] == {"directory": "/etc/kubernetes/patches"}
+    for absent in ({}, {"patches_dir": ""}, {"patches_dir": None}):
+        assert "patches" not in yaml.safe_load(render(dict(VARS, kubernetes_version=version, **absent)))
+
+
+def test_the_role_passes_the_patches_folder_of_its_reservations(tmp_path):
+    """kubelet_join's `patches_dir` expression, under Ansible, with and without reservations."""
+    tasks = yaml.safe_load((ANSIBLE_DIR / "roles/kubelet_join/tasks/main.yml").read_text())
+    block = next(t for t in tasks if t.get("name") == "Render and run the join")["block"]
+    (task,) = [t for t in block if (t.get("ansible.builtin.template") or {}).get("src") == "{{ corral_join_template }}"]
+    expression = task["vars"]["patches_dir"]
+    for reservations, expected in (({"patches_dir": "/etc/kubernetes/patches"}, "/etc/kubernetes/patches"), (None, "")):
+        env = jinja2.Environment()
+        got = env.from_string(expression).render(corral_kubelet_reservations=reservations)
+        assert got == expected

@@ -218,7 +218,9 @@ def test_first_api_server_inits_with_external_etcd_and_large_cluster_flags():
     assert script.index('if [ -z "$ENDPOINT" ]') < init_at < script.index("exit 0") < join_at
     assert docs(files["/etc/kubernetes/kubeadm/join.yaml"]["content"])["JoinConfiguration"]["controlPlane"]
     # Then the hourly certificate expiry metrics (corral/machine/cert_expiry.py, tests/certs/test_machine_metrics.py).
-    assert commands == [FETCH, "/usr/local/sbin/corral-api-server", CERT_METRICS_ENABLE]
+    # The machine's kubelet reservations are sized before kubeadm (tests/infra/test_kubelet_reservations.py).
+    assert commands == [FETCH, "/usr/local/sbin/corral-kubelet-reservations", "/usr/local/sbin/corral-api-server",
+                        CERT_METRICS_ENABLE]
 
 
 def test_pre_issued_keys_go_to_kubeadms_pki_dir():
@@ -361,7 +363,7 @@ def test_pool_nodes_join_with_the_shared_template_and_their_labels_and_taints():
     assert NODE_NAME_PLACEHOLDER in script and 'join --config "$JOIN_CONFIG"' in script
     # The token and everything holding it leave the disk when the script ends.
     assert f'trap \'rm -f "$JOIN_CONFIG" {TOKEN_FILE}' in script
-    assert commands == [FETCH, "/usr/local/sbin/corral-pool-node"]
+    assert commands == [FETCH, "/usr/local/sbin/corral-kubelet-reservations", "/usr/local/sbin/corral-pool-node"]
 
 
 def test_pods_cannot_reach_the_instance_metadata_service():
@@ -452,11 +454,11 @@ def test_every_boot_script_is_valid_bash(name, tmp_path):
     ]
     # Every machine: fetch-secrets; etcd: data disk + install etcd + snapshot job + install
     # node_exporter + certificate expiry metrics; per API server:
-    # node-prep, provider ID, pod metadata block, hairpin, its script, certificate expiry
-    # metrics (on AWS also the API load balancer's DNS name); pool: node-prep, provider ID,
-    # metadata block, its script.
-    per_api_server = 1 + (7 if cluster.control_plane.cloud == "aws" else 6)
-    assert len(scripts) == (1 + 5) + 2 * per_api_server + (1 + 4)
+    # node-prep, provider ID, pod metadata block, kubelet reservations, hairpin, its script,
+    # certificate expiry metrics (on AWS also the API load balancer's DNS name); pool:
+    # node-prep, provider ID, metadata block, kubelet reservations, its script.
+    per_api_server = 1 + (8 if cluster.control_plane.cloud == "aws" else 7)
+    assert len(scripts) == (1 + 5) + 2 * per_api_server + (1 + 5)
     for number, (path, text) in enumerate(scripts):
         script = tmp_path / f"{number}.sh"
         script.write_text(text)

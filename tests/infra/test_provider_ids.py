@@ -331,6 +331,7 @@ def test_on_prem_join_configuration_has_no_provider_id():
         "node_name": "gpu-001.sf1.internal", "node_labels": jaguar.node_labels(onprem),
         "node_taints": [{"key": t.key, "value": t.value, "effect": t.effect} for t in jaguar.node_taints(onprem)],
         "cri_socket": CRI_SOCKET, "kubernetes_version": jaguar.kubernetes.version,
+        "patches_dir": "/etc/kubernetes/patches",
     }
     assert set(values) == set(role_vars)  # exactly what the role passes
     text = render(JOIN_TEMPLATE, **values)

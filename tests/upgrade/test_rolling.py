@@ -106,10 +106,15 @@ def test_gpu_pool_nodes_carry_the_fingerprint_of_the_template_they_boot_from():
     assert pool_template_fingerprint(newer, pool) != base
     assert template_labels(heron, pool) == {TEMPLATE_LABEL: base}
     assert template_labels(heron, heron.pool("cpu-m7i")) == {}
-    # What the pools' user data registers the nodes with (golden plan, AWS user data is base64).
+    # What the pools' user data registers the nodes with (golden plan, AWS user data is base64,
+    # gzipped when it would not fit EC2's 16 KiB: corral/infra/aws/common.py).
     import base64
+    import gzip
 
-    user_data = [base64.b64decode(r["inputs"]["userData"]).decode()
-                 for r in resources("heron", "aws:ec2/launchTemplate:LaunchTemplate")]
+    def text_of(value: str) -> str:
+        raw = base64.b64decode(value)
+        return (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode()
+
+    user_data = [text_of(r["inputs"]["userData"]) for r in resources("heron", "aws:ec2/launchTemplate:LaunchTemplate")]
     assert sum(f"{TEMPLATE_LABEL}={base}" in text for text in user_data) == 1
     assert sum(TEMPLATE_LABEL in text for text in user_data) == len(gpu_pools("heron"))
