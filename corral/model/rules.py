@@ -14,6 +14,9 @@ from .containerd import containerd_error, pause_error
 from .hosts import expand
 from .layout import MAX_ZONES, layout, network_too_small
 from .disks import DISK_TYPES, attach_floor_error, disk_types_for, etcd_iops_floor, machine_series
+from .gpu_catalog import (
+    CLOUD_NAMES, GCP_ATTACHABLE, GPU_FAMILIES, closest_machine_type, gpu_machine, looks_like_gpu_machine,
+)
 from .mtu import flannel_mtu_limit
 from .vm_disk_limits import vm_disk_caps
 from .schema import (
@@ -315,6 +318,8 @@ def _cloud_pool(cluster: Cluster, pool: CloudPool, here: tuple) -> Iterator[Find
         return
     if message := machine_type_error(pool.provider, pool.machine_type):
         yield (*here, "machineType"), message
+    else:
+        yield from _cloud_gpu(pool, here)
     for j, zone in enumerate(pool.zones or []):
         if message := zone_error(cp.cloud, cp.region, zone):
             yield (*here, "zones", j), message
@@ -325,6 +330,65 @@ def _cloud_pool(cluster: Cluster, pool: CloudPool, here: tuple) -> Iterator[Find
             )
     if pool.min_size > pool.max_size:
         yield (*here, "minSize"), f"minSize {pool.min_size} is larger than maxSize {pool.max_size}"
+
+
+def _cloud_gpu(pool: CloudPool, here: tuple) -> Iterator[Finding]:
+    """A cloud pool's GPUs are its machine type's (gpu_catalog, docs/gpu-machines.md).
+
+    Catalogued machine types: a declared gpu block must name their model and
+    count, and fabricManager must fit their NVSwitch (the schema fills a block
+    left out). Other types that look like GPU machines of the cloud must
+    declare their block, which is trusted; any other type has no GPUs.
+    """
+    cloud, machine_type, gpu = pool.provider, pool.machine_type, pool.gpu
+    machine = gpu_machine(cloud, machine_type)
+    if machine is not None:
+        has = f"{machine_type} has {machine.describe()}"
+        if gpu.model != machine.gpu_model:
+            yield (*here, "gpu", "model"), (
+                f"{has}, not {gpu.model}; use model: {machine.gpu_model}, or leave gpu out to take the machine's"
+            )
+        if gpu.count != machine.gpu_count:
+            yield (*here, "gpu", "count"), (
+                f"{has}, not {gpu.count} GPUs: a machine always brings all of them; use count: "
+                f"{machine.gpu_count}, or leave gpu out to take the machine's"
+            )
+        explicit = "fabric_manager" in gpu.model_fields_set
+        if machine.nvswitch is False and gpu.fabric_manager:
+            yield (*here, "gpu", "fabricManager"), (
+                f"{has}: no NVSwitch, so NVIDIA's fabric manager has nothing to manage and fails to start; "
+                "remove fabricManager"
+            )
+        elif machine.nvswitch and explicit and not gpu.fabric_manager:
+            yield (*here, "gpu", "fabricManager"), (
+                f"{has}: CUDA cannot use GPUs joined by NVSwitch until NVIDIA's fabric manager has set "
+                "the switches up; set fabricManager: true, or leave it out"
+            )
+        return
+    families = GPU_FAMILIES[cloud][1]
+    if looks_like_gpu_machine(cloud, machine_type):
+        if gpu is None:
+            guess = closest_machine_type(cloud, machine_type)
+            hint = f" (did you mean {guess}?)" if guess else ""
+            yield (*here, "machineType"), (
+                f"'{machine_type}' looks like a GPU machine type of {CLOUD_NAMES[cloud]}, but corral's catalog "
+                f"(docs/gpu-machines.md) does not list it{hint}; fix the name, or declare the pool's "
+                "gpu (model and count) if it is a GPU machine the catalog lacks"
+            )
+        return
+    if gpu is None:
+        return
+    if cloud == "gcp" and machine_type.startswith("n1-"):
+        if gpu.model not in GCP_ATTACHABLE:
+            yield (*here, "gpu", "model"), (
+                f"GCP attaches only {', '.join(GCP_ATTACHABLE)} to N1 machines, not {gpu.model}; "
+                f"{gpu.model} comes with the A and G series machine types"
+            )
+        return
+    yield (*here, "gpu"), (
+        f"{machine_type} has no GPUs ({CLOUD_NAMES[cloud]} GPU machines are {families}); "
+        "remove gpu, or use a GPU machine type"
+    )
 
 
 def _network_settings(cluster: Cluster) -> Iterator[Finding]:

@@ -30,6 +30,7 @@ from pydantic.alias_generators import to_camel
 from . import hosts as hostnames
 from .containerd import DEFAULT_CONTAINERD, package_version
 from .disks import DEFAULT_DISK_TYPE, DISK_TYPES, default_throughput, etcd_iops_floor
+from .gpu_catalog import GPU_MODELS, closest, gpu_machine
 from .mtu import DEFAULT_FLANNEL_MTU, flannel_mtu_limit
 
 API_VERSION = "corral.dev/v1"
@@ -231,8 +232,20 @@ MachineType = strict_text(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z", "a machine type of le
                           64, "Standard_D32s_v5, m7i.8xlarge")
 DiskType = strict_text(r"[A-Za-z0-9][A-Za-z0-9_-]*\Z", "a disk type of letters, digits, '_' and '-'",
                        40, "gp3, PremiumV2_LRS")
-GpuModel = strict_text(r"[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?\Z",
-                       "a GPU model of letters, digits, '_', '.' and '-' (it is a node label value)", 63, "H100")
+
+
+def check_gpu_model(value: str) -> str:
+    """One of the GPU models corral knows (gpu_catalog.GPU_MODELS): it becomes the
+    corral.dev/gpu-model node label and is checked against cloud machine types."""
+    if value not in GPU_MODELS:
+        guess = closest(value, GPU_MODELS)
+        hint = f"; did you mean {guess}?" if guess else ""
+        raise ValueError(f"unknown GPU model {shown(value)}{hint} (known: {', '.join(GPU_MODELS)})")
+    return value
+
+
+GpuModel = Annotated[str, AfterValidator(check_gpu_model),
+                     WithJsonSchema({"type": "string", "enum": list(GPU_MODELS)})]
 DriverVersion = strict_text(r"[0-9]{1,4}\.[0-9]{1,4}(\.[0-9]{1,4})?\Z", "an NVIDIA driver version", 14,
                             '"550.127.05"')
 # Linux interface names: at most 15 bytes (IFNAMSIZ), no '/', no space.
@@ -671,6 +684,13 @@ class Cluster(Spec):
         for pool in self.cloud_pools:
             if pool.zones is None:
                 pool.zones = list(self.control_plane.zones)
+            # A GPU machine type brings its GPUs (docs/gpu-machines.md): a pool
+            # that leaves gpu out gets the machine's, with fabric manager where
+            # NVSwitch joins them. A declared block is checked by the rules.
+            machine = gpu_machine(pool.provider, pool.machine_type)
+            if machine is not None and pool.gpu is None:
+                pool.gpu = Gpu(model=machine.gpu_model, count=machine.gpu_count,
+                               fabric_manager=bool(machine.nvswitch))
         return self
 
     # --- Views the other layers use, so they agree on one meaning. ---------

@@ -263,3 +263,42 @@ def test_cluster_new_checks_its_options_before_writing_text(fleet_dir, tmp_path,
     assert message in flat(result.output)
     assert "Traceback" not in result.output and result.exception is None or isinstance(result.exception, SystemExit)
     assert not (fleet_dir / "kite.yaml").exists()
+
+
+# --- GPU machine types bring their GPUs (corral/model/gpu_catalog.py) ----------------------
+
+
+def test_add_on_a_gpu_machine_type_writes_its_gpu_block(fleet_dir):
+    path = fleet_dir / "heron.yaml"
+    result = run("nodepool", "add", "heron", "gpu-h100", "--provider", "aws", "--machine-type", "p5.48xlarge",
+                 "--max", "4", clusters=fleet_dir)
+    assert result.exit_code == 0, result.output
+    # The file says what the pool runs, not only the model in memory.
+    assert "+    gpu: {model: H100, count: 8, fabricManager: true}\n" in result.output
+    assert "    gpu: {model: H100, count: 8, fabricManager: true}\n" in path.read_text()
+    gpu = load_fleet([fleet_dir]).clusters["heron"].pool("gpu-h100").gpu
+    assert (gpu.model, gpu.count, gpu.fabric_manager) == ("H100", 8, True)
+
+
+def test_add_keeps_given_gpu_fields_and_fills_the_rest(fleet_dir):
+    result = run("nodepool", "add", "heron", "gpu-l4", "--provider", "aws", "--machine-type", "g6.12xlarge",
+                 "--max", "4", "--gpu-driver", "570.86.15", clusters=fleet_dir)
+    assert result.exit_code == 0, result.output
+    assert "    gpu: {model: L4, count: 4, driver: 570.86.15}\n" in (fleet_dir / "heron.yaml").read_text()
+
+
+def test_add_with_the_wrong_gpu_count_is_refused(fleet_dir):
+    path = fleet_dir / "heron.yaml"
+    before = snapshot(path)
+    result = run("nodepool", "add", "heron", "gpu-h100", "--provider", "aws", "--machine-type", "p5.48xlarge",
+                 "--max", "4", "--gpu-count", "4", clusters=fleet_dir)
+    assert result.exit_code == 1
+    assert "nodePools[3].gpu.count: p5.48xlarge has 8 H100 (80 GiB each, NVSwitch), not 4 GPUs" in flat(result.output)
+    assert snapshot(path) == before
+
+
+def test_add_on_a_cpu_machine_type_writes_no_gpu_block(fleet_dir):
+    result = run("nodepool", "add", "heron", "cpu-c7i", "--provider", "aws", "--machine-type", "c7i.8xlarge",
+                 "--max", "4", clusters=fleet_dir)
+    assert result.exit_code == 0, result.output
+    assert load_fleet([fleet_dir]).clusters["heron"].pool("cpu-c7i").gpu is None

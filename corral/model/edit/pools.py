@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..gpu_catalog import gpu_machine
 from ..schema import CloudPool, Gpu, OnPremPool, Roce
 from .errors import CANONICAL_POOL_KEYS, POOLS_KEY, EditError
 from .spans import Node, _column, _dash_of, _data, _line_end, _tree
@@ -59,6 +60,8 @@ def pool_document(provider: str, name: str, **fields: Any) -> dict[str, Any]:
     the file says only what was asked for and defaults stay defaults.
     """
     model = OnPremPool if provider == "onprem" else CloudPool
+    if provider != "onprem" and "machine_type" in fields:
+        fields["gpu"] = machine_gpu(provider, fields["machine_type"], fields.get("gpu"))
     out: dict[str, Any] = {"name": name, "provider": provider}
     for key, value in fields.items():
         if value is None:
@@ -73,6 +76,21 @@ def pool_document(provider: str, name: str, **fields: Any) -> dict[str, Any]:
             }
         out[yaml_key] = value
     return out
+
+
+def machine_gpu(provider: str, machine_type: str | None, gpu: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A cloud pool's gpu fields with what its machine type has filled in
+    (gpu_catalog): model and count, and fabric manager where NVSwitch joins
+    the GPUs, so the file says what the pool runs. Given fields are kept (the
+    rules check them); machine types the catalog lacks keep `gpu` as given."""
+    machine = gpu_machine(provider, machine_type) if machine_type else None
+    if machine is None:
+        return gpu
+    given = {k: v for k, v in (gpu or {}).items() if v is not None}
+    filled: dict[str, Any] = {"model": machine.gpu_model, "count": machine.gpu_count}
+    if machine.nvswitch:
+        filled["fabric_manager"] = True
+    return {**filled, **given}
 
 
 def _camel(name: str) -> str:
