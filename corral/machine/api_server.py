@@ -60,6 +60,13 @@ AUDIT_LOG_MAX_BACKUPS = 10
 AUDIT_LOG_MAX_SIZE_MB = 100
 ENCRYPTION_DIR = "/etc/kubernetes/encryption"
 ENCRYPTION_CONFIG = f"{ENCRYPTION_DIR}/config.yaml"
+# Admission plugins' configuration: the cluster-wide Pod Security defaults.
+ADMISSION_DIR = "/etc/kubernetes/admission"
+ADMISSION_CONFIG = f"{ADMISSION_DIR}/config.yaml"
+# What a namespace without Pod Security labels gets (docs/security.md):
+# baseline enforced, restricted audited and warned.
+POD_SECURITY_DEFAULTS = {"enforce": "baseline", "audit": "restricted", "warn": "restricted"}
+POD_SECURITY_EXEMPT_NAMESPACES = ("kube-system",)
 
 # AWS: the API load balancer's DNS name is a SAN of the API servers'
 # certificate, but AWS picks it when the load balancer is created. The AWS
@@ -131,6 +138,8 @@ def api_server_args(cluster: Cluster, lay: Layout) -> dict[str, str]:
         "audit-log-maxsize": str(AUDIT_LOG_MAX_SIZE_MB),
         # Secrets encrypted at rest in etcd (the key comes from the secret store).
         "encryption-provider-config": ENCRYPTION_CONFIG,
+        # Pod Security for namespaces without labels (admission-configuration.yaml.j2).
+        "admission-control-config-file": ADMISSION_CONFIG,
     }
     if lay.events_members:
         # Events churn in their own etcd cluster, so they cannot slow down
@@ -140,12 +149,19 @@ def api_server_args(cluster: Cluster, lay: Layout) -> dict[str, str]:
 
 
 def api_server_volumes() -> list[dict[str, Any]]:
-    """kubeadm extraVolumes of the kube-apiserver static pod: audit policy and log, encryption config."""
+    """kubeadm extraVolumes of the kube-apiserver static pod: audit policy and log, encryption and admission config."""
     return [
         {"name": "audit-policy", "hostPath": AUDIT_POLICY, "mountPath": AUDIT_POLICY, "readOnly": True, "pathType": "File"},
         {"name": "audit-log", "hostPath": AUDIT_LOG_DIR, "mountPath": AUDIT_LOG_DIR, "readOnly": False, "pathType": "DirectoryOrCreate"},
         {"name": "encryption-config", "hostPath": ENCRYPTION_DIR, "mountPath": ENCRYPTION_DIR, "readOnly": True, "pathType": "DirectoryOrCreate"},
+        {"name": "admission-config", "hostPath": ADMISSION_DIR, "mountPath": ADMISSION_DIR, "readOnly": True, "pathType": "DirectoryOrCreate"},
     ]
+
+
+def render_admission_config(cluster: Cluster) -> str:
+    """The API server's AdmissionConfiguration: Pod Security defaults at the cluster's minor."""
+    return render("kubeadm/admission-configuration.yaml.j2", defaults=POD_SECURITY_DEFAULTS,
+                  version=f"v{cluster.kubernetes.minor}", exempt_namespaces=POD_SECURITY_EXEMPT_NAMESPACES)
 
 
 def kubeadm_context(
@@ -263,6 +279,7 @@ def part(cluster: Cluster, lay: Layout, index: int) -> Part:
         File(SCHEDULER_CONFIG, render_scheduler_config(cluster)),
         *api_dns_name_files(cluster),
         File(AUDIT_POLICY, render("kubeadm/audit-policy.yaml.j2")),
+        File(ADMISSION_CONFIG, render_admission_config(cluster)),
         File("/usr/local/sbin/corral-apiserver-hairpin", render(
             "scripts/apiserver-hairpin.sh.j2", api_vip=lay.api_vip, api_port=API_PORT, server_ip=server.ip,
         ), "0755"),

@@ -28,6 +28,7 @@ from . import (
     kubelet_reservations,
     node_exporter,
     pool_node,
+    serving_csr,
 )
 from .api_server import ControlPlaneTls, api_server_secret_files
 from .etcd_member import EtcdMemberTls, etcd_secret_files
@@ -58,6 +59,8 @@ def api_server_role(cluster: Cluster, lay: Layout, index: int) -> Role:
         api_server.part(cluster, lay, index),
         # The expiry of kubeadm's certificates on this machine, hourly, for the cluster's node-exporter.
         cert_expiry.part(server.name),
+        # Its own kubelet's serving certificate: approved here, not by the cluster's approver.
+        serving_csr.part(server),
     ))
 
 

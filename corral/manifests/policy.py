@@ -808,14 +808,16 @@ def _octets() -> str:
 def node_name_patterns(cluster: Cluster) -> list[str]:
     """RE2 regex bodies, one per kind of node, for the names nodes register with.
 
-    - API servers: their fixed names (corral/model/layout.py).
+    Not the API servers: each approves its own kubelet's serving certificate
+    (corral/machine/serving_csr.py), so no other node can be approved for an
+    API server's name or address.
     - on-prem pools: their host patterns.
     - Azure pools: a scale set's name, '-' and 6 base-36 characters (its
       computer name prefix and instance number).
     - GCP pools: a zonal MIG's name (its base instance name), '-' and 4 characters.
     - AWS pools: the EC2 IP-based host name, short or with the region's domain.
     """
-    patterns = [re_escape(server.name) for server in layout(cluster).api_servers]
+    patterns: list[str] = []
     for pool in cluster.onprem_pools:
         patterns += [_host_pattern_regex(p) for p in pool.hosts]
     groups = autoscaler_node_groups(cluster)
@@ -849,13 +851,15 @@ def node_name_regex(cluster: Cluster) -> str:
 def node_ip_prefixes(cluster: Cluster) -> list[str]:
     """The approver's `--provider-ip-prefixes`: where nodes live, and nothing else.
 
-    Each API server's own address (/32), never the whole control subnet that
-    also holds the API load balancer and the etcd members; the node subnets
-    of the control plane's network when the cluster has cloud pools; the
-    sites' networks when it has on-prem pools.
+    Never the control subnet, which holds the API servers, their load
+    balancer and the etcd members: the approver cannot tie an address to a
+    node name, so an API server's address here would let any node get a
+    certificate for it (each API server approves its own: serving_csr.py).
+    The node subnets of the control plane's network when the cluster has
+    cloud pools; the sites' networks when it has on-prem pools.
     """
     lay = layout(cluster)
-    prefixes = [f"{server.ip}/32" for server in lay.api_servers]
+    prefixes: list[str] = []
     if cluster.cloud_pools:
         prefixes += [zone.node_subnet for zone in lay.zones]
     sites = {pool.site for pool in cluster.onprem_pools}

@@ -228,8 +228,9 @@ def test_every_control_plane_machine_runs_the_job_hourly_after_its_boot(name):
         assert f"ExecStart={machine.SCRIPT_PATH}\n" in files[f"/etc/systemd/system/{machine.SERVICE}"]["content"]
         commands = document["runcmd"]
         if config_dir == machine.KUBERNETES_DIR:
-            # Enabled once kubeadm has issued the certificates (the boot script before it).
-            assert commands[-2:] == ["/usr/local/sbin/corral-api-server", machine.ENABLE_COMMAND]
+            # Enabled once kubeadm has issued the certificates (the boot script before it);
+            # then the approval of its own serving certificate (tests/certs/test_own_serving_csr.py).
+            assert commands[-3:-1] == ["/usr/local/sbin/corral-api-server", machine.ENABLE_COMMAND]
         else:
             # After etcd's install (its certificates came with the secrets before);
             # node_exporter's install stays last (corral/machine/part.py Phase).

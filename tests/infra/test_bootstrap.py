@@ -18,6 +18,7 @@ from corral.machine.api_server import (
     render_kubeadm_init_config,
 )
 from corral.machine.cert_expiry import ENABLE_COMMAND as CERT_METRICS_ENABLE
+from corral.machine.serving_csr import ENABLE_COMMAND as SERVING_CSR_ENABLE
 from corral.machine.cloud_init import render_api_server_cloud_init, render_etcd_cloud_init, render_pool_cloud_init
 from corral.machine.data_disk import AWS_ETCD_VOLUME_TAG, AZURE_ETCD_DEVICE, GCP_ETCD_DEVICE_NAME
 from corral.machine.etcd_member import EtcdMemberTls, etcd_secret_files
@@ -217,10 +218,11 @@ def test_first_api_server_inits_with_external_etcd_and_large_cluster_flags():
     join_at = script.index('join --config "$JOIN_CONFIG"')
     assert script.index('if [ -z "$ENDPOINT" ]') < init_at < script.index("exit 0") < join_at
     assert docs(files["/etc/kubernetes/kubeadm/join.yaml"]["content"])["JoinConfiguration"]["controlPlane"]
-    # Then the hourly certificate expiry metrics (corral/machine/cert_expiry.py, tests/certs/test_machine_metrics.py).
+    # Then the hourly certificate expiry metrics (corral/machine/cert_expiry.py, tests/certs/test_machine_metrics.py)
+    # and the approval of its own kubelet serving certificate (tests/certs/test_own_serving_csr.py).
     # The machine's kubelet reservations are sized before kubeadm (tests/infra/test_kubelet_reservations.py).
     assert commands == [FETCH, "/usr/local/sbin/corral-kubelet-reservations", "/usr/local/sbin/corral-api-server",
-                        CERT_METRICS_ENABLE]
+                        CERT_METRICS_ENABLE, SERVING_CSR_ENABLE]
 
 
 def test_pre_issued_keys_go_to_kubeadms_pki_dir():
@@ -319,8 +321,8 @@ def test_coscheduling_profile_and_scheduler_image():
 
 
 def test_coscheduling_on_an_unknown_minor_is_a_clear_error(cluster_variant):
-    jaguar = cluster_variant("jaguar", {'version: "1.31.4"': 'version: "1.33.1"'})
-    with pytest.raises(ValueError, match="scheduler-plugins release for Kubernetes 1.33"):
+    jaguar = cluster_variant("jaguar", {'version: "1.31.4"': 'version: "1.32.3"'})
+    with pytest.raises(ValueError, match="scheduler-plugins release for Kubernetes 1.32"):
         render_scheduler_config(jaguar)
 
 
@@ -418,10 +420,13 @@ def test_nodes_get_the_clusters_arp_thresholds_and_pinned_kubernetes():
     jaguar = example("jaguar")
     files, _ = cloud_config(render_pool_cloud_init(jaguar, layout(jaguar), jaguar.pool("cpu-d64"), REF))
     sysctl = files["/etc/sysctl.d/90-corral.conf"]["content"]
-    assert "net.ipv4.neigh.default.gc_thresh3 = 100000" in sysctl
+    # The cluster model's sizes, the same the on-prem inventory carries (one source).
+    arp = jaguar.network.arp_cache
+    for i, value in ((1, arp.gc_thresh1), (2, arp.gc_thresh2), (3, arp.gc_thresh3)):
+        assert f"net.ipv4.neigh.default.gc_thresh{i} = {value}\n" in sysctl
     prep = files["/usr/local/sbin/corral-node-prep"]["content"]
     assert "kubeadm=1.31.4-1.1" in prep and "core:/stable:/v1.31/deb/" in prep
-    assert "apt-mark hold kubelet kubeadm kubectl" in prep
+    assert "apt-mark hold containerd.io kubelet kubeadm kubectl" in prep
 
 
 def test_cloud_init_stays_valid_yaml_with_awkward_values(cluster_variant):
@@ -455,9 +460,10 @@ def test_every_boot_script_is_valid_bash(name, tmp_path):
     # Every machine: fetch-secrets; etcd: data disk + install etcd + snapshot job + install
     # node_exporter + certificate expiry metrics; per API server:
     # node-prep, provider ID, pod metadata block, kubelet reservations, hairpin, its script,
-    # certificate expiry metrics (on AWS also the API load balancer's DNS name); pool:
-    # node-prep, provider ID, metadata block, kubelet reservations, its script.
-    per_api_server = 1 + (8 if cluster.control_plane.cloud == "aws" else 7)
+    # certificate expiry metrics, approval of its own serving certificate (on AWS also the
+    # API load balancer's DNS name); pool: node-prep, provider ID, metadata block,
+    # kubelet reservations, its script.
+    per_api_server = 1 + (9 if cluster.control_plane.cloud == "aws" else 8)
     assert len(scripts) == (1 + 5) + 2 * per_api_server + (1 + 5)
     for number, (path, text) in enumerate(scripts):
         script = tmp_path / f"{number}.sh"
