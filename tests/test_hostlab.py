@@ -166,7 +166,16 @@ def test_fake_kubeadm_join_validates_and_leaves_join_files(tmp_path):
 def test_repo_recipes_mirror_upstream_names_and_versions():
     repos = {r.name: r for r in default_repos(driver_versions=("550.90.07", "550.127.05"),
                                                k8s_versions=("1.30.8", "1.31.4"))}
-    assert set(repos) == {"cuda", "nvidia-container-toolkit", "kubernetes-v1.30", "kubernetes-v1.31"}
+    assert set(repos) == {"cuda", "nvidia-container-toolkit", "kubernetes-v1.30", "kubernetes-v1.31", "docker",
+                          "debian-kernel", "debian-kernel-update"}
+    # Docker's containerd.io at the model's default version (corral/model/containerd.py).
+    assert {(p.name, p.version) for p in repos["docker"].packages} == {("containerd.io", "1.7.27-1")}
+    # A Debian flavour's kernel, headers and metapackages, before and after an update.
+    kernel = {p.name: p.version for p in repos["debian-kernel"].packages}
+    assert kernel == {"linux-image-6.1.0-90-amd64": "6.1.500-1", "linux-headers-6.1.0-90-amd64": "6.1.500-1",
+                      "linux-image-amd64": "6.1.500-1", "linux-headers-amd64": "6.1.500-1"}
+    update = {p.name: p.version for p in repos["debian-kernel-update"].packages}
+    assert update["linux-headers-amd64"] == "6.1.501-1" and "linux-headers-6.1.0-92-amd64" in update
     cuda = {(p.name, p.version) for p in repos["cuda"].packages}
     for name in ("cuda-drivers", "cuda-drivers-550", "nvidia-driver", "nvidia-fabricmanager-550",
                  "nvidia-persistenced", "nvidia-smi"):

@@ -49,7 +49,7 @@ Fabric = Literal["efa", "gpudirect-tcpx", "gpudirect-tcpxo", "gpudirect-rdma", "
 #
 # The names a pool's gpu.model may take. They become the corral.dev/gpu-model
 # node label, and the GPU preflight (templates/health/gpu-preflight.py.j2)
-# finds the name, case-insensitively, in what nvidia-smi reports ("NVIDIA
+# finds the name, case-insensitively and as a whole word, in what nvidia-smi reports ("NVIDIA
 # A100-SXM4-80GB", "NVIDIA H100 NVL", "Tesla T4"). So one name per chip, as
 # NVIDIA writes it, without form factor or memory size: the 40 GB and 80 GB
 # A100 are both A100, the H100 NVL card is H100; a machine type's memory is in

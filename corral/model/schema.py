@@ -433,10 +433,12 @@ class ArpCache(Spec):
         collector will not purge entries if there are fewer than this
         number"): the working set, so stale entries above it are still
         collected - OpenAI's 80,000 kept every stale entry of a smaller cluster.
+        It is rounded up to a power of two, so resizing a pool does not change
+        every node's sysctls (and with them every cloud pool's user data).
         """
         high = max(8_192, min(100_000, 16 * node_capacity))
-        return cls(gc_thresh1=min(cls.working_set(node_capacity), high // 2),
-                   gc_thresh2=high * 9 // 10, gc_thresh3=high)
+        working_set = 1 << (cls.working_set(node_capacity) - 1).bit_length()
+        return cls(gc_thresh1=min(working_set, high // 2), gc_thresh2=high * 9 // 10, gc_thresh3=high)
 
 
 class Network(Spec):

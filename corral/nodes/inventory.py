@@ -24,6 +24,7 @@ from ruamel.yaml import YAML
 from corral.machine import kubelet_reservations
 from corral.machine.gpu_preflight import expectations as preflight_expectations
 from corral.model import Cluster, OnPremPool
+from corral.model.containerd import pause_image
 
 UNSAFE_JSON_KEY = "__ansible_unsafe"
 UNSAFE_YAML_TAG = "!unsafe"
@@ -81,6 +82,8 @@ def cluster_vars(cluster: Cluster) -> dict[str, Any]:
     return {
         "corral_cluster_name": cluster.name,
         "corral_kubernetes_version": cluster.kubernetes.version,
+        "corral_containerd_version": cluster.kubernetes.containerd,
+        "corral_containerd_sandbox_image": pause_image(cluster.kubernetes.version),
         "corral_pod_cidr": cluster.kubernetes.pod_cidr,
         "corral_service_cidr": cluster.kubernetes.service_cidr,
         "corral_flannel_backend": flannel.backend,

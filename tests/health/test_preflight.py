@@ -210,3 +210,18 @@ def test_script_end_to_end_against_fake_nvidia_smi(tmp_path, jaguar):
     assert proc.returncode == 1
     assert verdict["reason"] == "UncorrectableECC"
     assert "GPU 6: 4 uncorrectable" in verdict["message"] and "nvidia-fabricmanager is failed" in verdict["message"]
+
+
+@pytest.mark.parametrize(("name", "model", "matches"), [
+    ("NVIDIA H100 80GB HBM3", "H100", True),
+    ("NVIDIA H100 NVL", "H100", True),
+    ("NVIDIA A100-SXM4-80GB", "A100", True),
+    ("Tesla T4", "T4", True),
+    ("NVIDIA L40S", "L4", False),     # an L40S is not an L4
+    ("NVIDIA A100-SXM4-80GB", "A10", False),
+    ("NVIDIA A10G", "A10", False),
+    ("NVIDIA H200", "H20", False),
+    ("NVIDIA L40S", "L40S", True),
+])
+def test_the_gpu_model_is_a_whole_word_of_the_name(script, name, model, matches):
+    assert script.model_matches(name, model) is matches

@@ -98,7 +98,9 @@ def test_a_g5_pool_without_gpu_gets_its_a10g_without_fabric_manager(tmp_path):
 
 
 def test_a_slice_of_an_nvswitch_host_is_filled_without_fabric_manager(tmp_path):
-    old = "    machineType: a2-highgpu-8g\n    zones: [us-central1-a, us-central1-c]\n    gpu: {model: A100, count: 8}\n"
+    old = ("    machineType: a2-highgpu-8g\n    zones: [us-central1-a, us-central1-c]\n"
+           "    # 8 A100s joined by NVSwitch: the fabric manager must run (docs/gpu-machines.md).\n"
+           "    gpu: {model: A100, count: 8, fabricManager: true}\n")
     cluster = load(tmp_path, "ibis", old, "    machineType: a3-highgpu-2g\n    zones: [us-central1-a, us-central1-c]\n")
     gpu = cluster.pool("gpu-a100").gpu
     assert (gpu.model, gpu.count, gpu.fabric_manager) == ("H100", 2, False)
@@ -225,9 +227,12 @@ def test_catalog_rows(cloud, machine_type, model, count, memory, nvswitch, fabri
     ("azure", "Standard_NC40ads_H100_v5", "NVIDIA H100 NVL"),
 ])
 def test_the_preflight_finds_the_catalog_model_in_what_nvidia_smi_reports(cloud, machine_type, smi_name):
-    # gpu-preflight.py.j2 refuses a node whose GPU name does not contain the
-    # pool's model, which is why 80 GB A100s and H100 NVLs are A100 and H100.
-    assert gpu_machine(cloud, machine_type).gpu_model.lower() in smi_name.lower()
+    # gpu-preflight.py.j2 refuses a node whose GPU name does not have the
+    # pool's model as a whole word, which is why 80 GB A100s and H100 NVLs are A100 and H100.
+    import re
+
+    words = re.split(r"[^a-z0-9]+", smi_name.lower())  # as gpu-preflight.py.j2's model_matches reads them
+    assert gpu_machine(cloud, machine_type).gpu_model.lower() in words
 
 
 def test_every_row_is_a_machine_type_of_its_cloud_with_a_known_model():

@@ -306,11 +306,27 @@ def test_arp_defaults_from_cluster_size(tmp_path):
     arp = small.network.arp_cache
     assert arp.gc_thresh3 == 8192 and arp.gc_thresh1 < arp.gc_thresh2 < arp.gc_thresh3
     # gc_thresh1 is what the kernel never purges: the working set (every
-    # node and a node's pods), not a fixed share of the limit.
-    assert arp.gc_thresh1 == small.node_capacity + 110
+    # node and a node's pods) rounded up to a power of two, not a fixed share
+    # of the limit.
+    assert small.node_capacity + 110 <= arp.gc_thresh1 < 2 * (small.node_capacity + 110)
+    assert arp.gc_thresh1 & (arp.gc_thresh1 - 1) == 0
     big = large.network.arp_cache
     assert (big.gc_thresh2, big.gc_thresh3) == (90000, 100000)
-    assert big.gc_thresh1 == large.node_capacity + 110 < 80000
+    assert large.node_capacity + 110 <= big.gc_thresh1 < 80000
+    # A pool resize within the same power of two leaves every node's sysctls alone.
+    resized = load_cluster_text(tmp_path, text.replace("maxSize: 200", "maxSize: 240"))
+    assert resized.node_capacity != small.node_capacity
+    assert resized.network.arp_cache == arp
+
+
+def load_cluster_text(tmp_path, text: str):
+    """jaguar's text loaded from a folder of its own (the file is named after the cluster)."""
+    from corral.model import load_cluster
+
+    folder = tmp_path / f"variant-{len(list(tmp_path.iterdir()))}"
+    folder.mkdir()
+    (folder / "jaguar.yaml").write_text(text)
+    return load_cluster(folder / "jaguar.yaml")
 
 
 def test_a_gc_thresh1_that_keeps_stale_entries_is_refused(tmp_path):

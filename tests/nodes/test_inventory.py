@@ -52,7 +52,12 @@ def test_pool_vars_carry_gpu_roce_labels_and_team_taints(jaguar):
 
 def test_cluster_and_site_vars(jaguar):
     inv = build(jaguar)
-    assert inv["all"]["vars"]["corral_arp_gc_thresh3"] == 100000
+    arp = jaguar.network.arp_cache
+    assert [inv["all"]["vars"][f"corral_arp_gc_thresh{i}"] for i in (1, 2, 3)] == \
+        [arp.gc_thresh1, arp.gc_thresh2, arp.gc_thresh3]
+    # containerd and its sandbox image come from the model, as on cloud nodes.
+    assert inv["all"]["vars"]["corral_containerd_version"] == jaguar.kubernetes.containerd == "1.7.27"
+    assert inv["all"]["vars"]["corral_containerd_sandbox_image"] == "registry.k8s.io/pause:3.10"
     assert inv["all"]["vars"]["corral_flannel_direct_routing"] is True
     assert inv["site_sf1"]["vars"]["corral_apt_mirror"] == "http://mirror.sf1.internal"
 
