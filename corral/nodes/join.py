@@ -70,17 +70,23 @@ def ansible_dir() -> Path:
     raise JoinError(f"cannot find {PLAYBOOK} under {', '.join(map(str, candidates))} (set CORRAL_ANSIBLE_DIR)")
 
 
-def _pulumi_or_error() -> None:
+# What to do instead of reading the stack, by what the command reads from it:
+# only `corral join` has --outputs; every command that needs a cluster
+# credential has --kubeconfig.
+INSTEAD_OF_STACK_OUTPUTS = ("pass --outputs FILE (a JSON object with the stack outputs apiEndpoint and "
+                            "caCertHash) and --kubeconfig FILE")
+INSTEAD_OF_STACK_CREDENTIAL = "pass --kubeconfig FILE or set KUBECONFIG (a credential for the cluster)"
+
+
+def _pulumi_or_error(instead: str) -> None:
     if shutil.which("pulumi") is None:
-        raise JoinError(
-            "the pulumi CLI is not installed: install it, or pass --outputs FILE "
-            "(a JSON object with the stack outputs apiEndpoint and caCertHash) and --kubeconfig FILE"
-        )
+        raise JoinError(f"the pulumi CLI is not installed: install it, or {instead}")
 
 
-def _stack_output(cluster: str, key: str, secret: bool = False) -> Any:
+def _stack_output(cluster: str, key: str, secret: bool = False,
+                  instead: str = INSTEAD_OF_STACK_OUTPUTS) -> Any:
     """One stack output, read into memory (never printed, never a file)."""
-    _pulumi_or_error()
+    _pulumi_or_error(instead)
     result = subprocess.run(
         ["pulumi", "stack", "output", key, "--json", *(["--show-secrets"] if secret else []), "-s", cluster],
         capture_output=True, text=True,
@@ -111,7 +117,7 @@ def join_material(cluster: str, outputs_file: Path | None) -> dict[str, Any]:
             raise JoinError(f"{outputs_file}:{err.lineno}:{err.colno}: not JSON: {err.msg}") from None
         source = str(outputs_file)
     else:
-        _pulumi_or_error()
+        _pulumi_or_error(INSTEAD_OF_STACK_OUTPUTS)
         outputs, source = {key: _stack_output(cluster, key) for key in OUTPUT_KEYS}, f"stack {cluster}"
     if not isinstance(outputs, dict):
         raise JoinError(f"{source}: expected a JSON object of stack outputs")
@@ -215,7 +221,7 @@ class ClusterAccess:
         if os.environ.get("KUBECONFIG"):
             return cls()
         if from_stack:
-            text = _stack_output(cluster, CREDENTIAL_OUTPUT, secret=True)
+            text = _stack_output(cluster, CREDENTIAL_OUTPUT, secret=True, instead=INSTEAD_OF_STACK_CREDENTIAL)
             if not isinstance(text, str) or not text.strip():
                 raise JoinError(f"stack {cluster}: stack output {CREDENTIAL_OUTPUT} is missing or empty")
             return cls(kubeconfig_text=text)

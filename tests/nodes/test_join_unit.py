@@ -503,3 +503,22 @@ def test_the_cli_joins_only_its_shard(join_cli, fake_kubectl, fake_runner, jagua
     assert result.exit_code == 0, result.output
     expected = shard_hosts([everyone[0], everyone[1], everyone[2], everyone[3]], "2/2")
     assert sorted(fake.adhoc[0]["limit"].split(",")) == sorted(expected)
+
+
+def test_commands_without_outputs_are_not_told_to_pass_it(tmp_path):
+    """`corral kubeconfig` and `corral upgrade` read only the stack's credential
+    and have no --outputs: without pulumi they are told about --kubeconfig."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    env["PATH"] = os.path.dirname(sys.executable)  # python, and no pulumi
+    for argv in (["kubeconfig", "jaguar", "--user", "ana", "--out", str(tmp_path / "kc")],
+                 ["upgrade", "jaguar", "--check"]):
+        result = subprocess.run([sys.executable, "-m", "corral", *argv, "--clusters", str(root / "clusters")],
+                                env=env, capture_output=True, text=True, timeout=120)
+        assert result.returncode != 0
+        assert "pulumi CLI is not installed" in result.stderr and "--kubeconfig FILE" in result.stderr, result.stderr
+        assert "--outputs" not in result.stderr and "Traceback" not in result.stderr
