@@ -160,18 +160,28 @@ class Document:
         try:
             return _fast_loader().load(self.text)
         except MarkedYAMLError as err:
-            mark = err.problem_mark or err.context_mark
-            line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-            reason = err.problem or err.context or "invalid YAML"
-            raise ValidationFailed(
-                [Problem(self.display, line, col, (), f"YAML syntax error: {reason}")]
-            ) from None
+            raise ValidationFailed([self._syntax_problem(err)]) from None
         except YAMLError as err:
             raise ValidationFailed([Problem(self.display, 1, 1, (), f"YAML error: {err}")]) from None
         except RecursionError:
             raise ValidationFailed(
                 [Problem(self.display, 1, 1, (), "YAML nested too deeply to be a cluster file")]
             ) from None
+
+    def _syntax_problem(self, err: MarkedYAMLError) -> Problem:
+        """Where and why the parser stopped, with what it was inside ("while parsing a
+        block mapping at line 13"); a tab is named as one (YAML indents with spaces)."""
+        mark = err.problem_mark or err.context_mark
+        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        reason = err.problem or err.context or "invalid YAML"
+        lines = self.text.splitlines()
+        if mark is not None and mark.line < len(lines) and "\t" in lines[mark.line][:mark.column + 1]:
+            column = lines[mark.line].index("\t")
+            return Problem(self.display, line, column + 1, (),
+                           "YAML syntax error: a tab character; YAML indents with spaces only (replace the tab)")
+        if err.problem and err.context and err.context_mark is not None and err.context_mark is not mark:
+            reason += f" ({err.context} at line {err.context_mark.line + 1})"
+        return Problem(self.display, line, col, (), f"YAML syntax error: {reason}")
 
     def check_limits(self) -> None:
         """ValidationFailed when the text is too large or deep for any YAML parser here."""

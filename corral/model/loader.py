@@ -96,7 +96,23 @@ def _message(error: dict) -> str:
         return "must be a string: put the value in quotes"
     if kind in ("value_error", "assertion_error"):
         return msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    # pydantic's words for the shape of a value, in the file's words.
+    if kind in ("model_type", "dict_type", "model_attributes_type"):
+        return f"expected a mapping of keys (key: value, indented below), got {_found(error.get('input'))}"
+    if kind in ("list_type", "tuple_type", "set_type"):
+        return f"expected a list ([a, b] or lines starting with '- '), got {_found(error.get('input'))}"
     return msg.replace("Input should be", "must be")
+
+
+def _found(value: Any) -> str:
+    """A YAML value as the message shows it: its text, or what kind of thing it is."""
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    if value is None:
+        return "nothing (an empty value)"
+    return shown(str(value))
 
 
 def _yaml_path(loc: tuple) -> tuple[PathElem, ...]:
