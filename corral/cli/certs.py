@@ -30,7 +30,8 @@ def certs(
         "--cert-endpoint", help="Read MACHINE's (an API server's or etcd member's) certificate at HOST:PORT instead of "
                                 "its address (repeatable), e.g. through a tunnel.", metavar="MACHINE=HOST:PORT")] = None,
 ) -> None:
-    """Every certificate of the cluster with its expiry; exit 1 if any expires within --warn-days.
+    """Every certificate of the cluster with its expiry; exit 1 if any expires within --warn-days,
+    or if none could be read (each source not read is named).
 
     The Pulumi state's certificates (CAs, etcd members, clients, admin), the
     serving certificates the API servers and etcd members present, and the
@@ -80,6 +81,9 @@ def certs(
         outputs, node_problems = read_node_certificates(cluster, list(host_pool(cluster)), runs_dir)
         records += from_nodes_output(outputs)
         problems += node_problems
+    if not records:
+        # Nothing read is not "nothing expires": a monitoring job must see it fail.
+        fail(f"no certificate of {name} could be read; not read: " + "; ".join(problems or ["(nothing to read)"]))
     now = now_utc()
     records.sort(key=lambda r: r.not_after)
     table = Table(title=escape(f"certificates of {name} (warning under {warn_days} days)"))

@@ -155,6 +155,22 @@ def test_cli_lists_flags_and_exports_metrics(pki, tmp_path):
     assert relaxed.returncode == 0 and "3 certificates, none expires within 5 days" in relaxed.stdout
 
 
+def test_cli_that_reads_nothing_fails_and_names_what_it_did_not_read(tmp_path):
+    # No pulumi on PATH, nothing at the machines' addresses, no on-prem read:
+    # "0 certificates, none expires" would read as healthy to a monitoring job.
+    env = dict(os.environ, COLUMNS="250", PATH=os.path.dirname(sys.executable))
+    argv = [sys.executable, "-m", "corral", "certs", "heron", "--clusters", str(ROOT / "clusters"),
+            "--no-nodes", "--cert-endpoint", "heron-apiserver-0=127.0.0.1:9",
+            "--cert-endpoint", "heron-apiserver-1=127.0.0.1:9", "--cert-endpoint", "heron-apiserver-2=127.0.0.1:9",
+            "--cert-endpoint", "heron-etcd-0=127.0.0.1:9", "--cert-endpoint", "heron-etcd-1=127.0.0.1:9",
+            "--cert-endpoint", "heron-etcd-2=127.0.0.1:9"]
+    result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "no certificate of heron could be read" in result.stderr
+    assert "the pulumi CLI is not installed" in result.stderr and "heron-apiserver-0" in result.stderr
+    assert "none expires" not in result.stdout and "Traceback" not in result.stderr
+
+
 promtool = pytest.mark.skipif(shutil.which("promtool") is None,
                               reason="promtool not installed (apt-get install prometheus; scripts/install does)")
 
