@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cluster_or_exit, fleet_or_exit, out
+from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cluster_or_exit, fleet_or_exit, out, report_problems
 
 
 def _etcd_summary(cluster) -> str:
@@ -21,8 +21,21 @@ def validate(
     paths: Annotated[Optional[list[Path]], typer.Argument(help="Cluster files or folders (default: --clusters).")] = None,
     clusters: ClustersOption = DEFAULT_CLUSTERS,
 ) -> None:
-    """Check cluster files against the schema and the fleet rules."""
+    """Check cluster files against the schema and the fleet rules, and their stack files for placeholders."""
+    from corral.model import ValidationFailed
+    from corral.model.stack import placeholder_problems, stack_file_beside
+
     fleet = fleet_or_exit(paths or [clusters])
+    stack_problems = []
+    for cluster in fleet:
+        stack = stack_file_beside(fleet.documents[cluster.name].path.parent, cluster.name)
+        if stack.is_file():
+            try:
+                stack_problems += placeholder_problems(stack, cluster.name)
+            except ValidationFailed as failed:
+                stack_problems += failed.problems
+    if stack_problems:
+        report_problems(ValidationFailed(stack_problems))
     for cluster in fleet:
         cp = cluster.control_plane
         out.print(

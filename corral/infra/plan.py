@@ -429,5 +429,11 @@ def plan_cluster(
 
 def plan_stack(cluster: Cluster, clusters: Path | None = None, **kwargs: Any) -> Plan:
     """`plan_cluster` with the stack's settings from stacks/Pulumi.<cluster>.yaml."""
-    config, secret_keys = read_stack_config(stack_config_file(cluster.name, clusters))
+    path = stack_config_file(cluster.name, clusters)
+    config, secret_keys = read_stack_config(path)
+    if path is not None:
+        from corral.model.stack import placeholder_problems
+
+        if problems := placeholder_problems(path, cluster.name):
+            raise PlanError("; ".join(str(problem) for problem in problems))
     return plan_cluster(cluster, stack_config=config, secret_config_keys=secret_keys, **kwargs)

@@ -166,6 +166,25 @@ def test_cluster_new(fleet_dir, tmp_path):
     assert load_fleet([fleet_dir]).clusters["kite"].pool("cpu").max_size == 10
 
 
+def test_a_scaffolded_stack_file_with_its_placeholder_is_flagged_by_validate_and_plan(tmp_path):
+    """`cluster new` leaves REPLACE-ME where only the user knows the value; validate and
+    plan name the file, line and key until it is set."""
+    clusters, stacks = tmp_path / "clusters", tmp_path / "stacks"
+    result = run("cluster", "new", "kite", "--cloud", "gcp", "--region", "europe-west4", "--stacks", str(stacks),
+                 clusters=clusters)
+    assert result.exit_code == 0, result.output
+    stack = stacks / "Pulumi.kite.yaml"
+    line = stack.read_text().splitlines().index("  gcp:project: REPLACE-ME") + 1
+    expected = f"{stack}:{line}:3: config.gcp:project: gcp:project is still REPLACE-ME"
+    validate = runner.invoke(app, ["validate", "--clusters", str(clusters)], env={"COLUMNS": "300"})
+    assert validate.exit_code == 1 and expected in validate.output, validate.output
+    plan = runner.invoke(app, ["plan", "kite", "--clusters", str(clusters)], env={"COLUMNS": "300"})
+    assert plan.exit_code != 0 and "gcp:project is still REPLACE-ME" in " ".join(plan.output.split()), plan.output
+    stack.write_text(stack.read_text().replace("REPLACE-ME", "kite-prod-123"))
+    validate = runner.invoke(app, ["validate", "--clusters", str(clusters)], env={"COLUMNS": "300"})
+    assert validate.exit_code == 0, validate.output
+
+
 @pytest.mark.parametrize("cloud,region,key", [("azure", "westus3", "azure-native:location: westus3"),
                                               ("aws", "eu-west-1", "aws:region: eu-west-1")])
 def test_cluster_new_stack_files(fleet_dir, tmp_path, cloud, region, key):
