@@ -18,20 +18,16 @@ kernel's headers are there); apt, dpkg, run-parts and the role run for real.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 
 import pytest
-import yaml
 
 from tests.hostlab.aptrepo import KEYRING_NAME, KERNEL_ABIS
+from tests.nodes import joinlab
 
 pytestmark = pytest.mark.hostlab
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HOST = "ku-gpu-001.sf1.internal"
 RUNNING, UPDATE, WITHOUT_HEADERS = (f"{abi}-amd64" for abi in KERNEL_ABIS)
-KEY_ON_HOST = "/etc/corral-test/hostlab-archive-key.asc"
 
 PLAYBOOK = """
 - name: The NVIDIA driver on a GPU host whose kernel is a Debian flavour's
@@ -53,30 +49,19 @@ def kernel_host(hostlab, hostlab_repo, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("kernel-update")
     host = lab.boot([HOST])[0]
     try:
-        key = host.path(KEY_ON_HOST)
-        key.parent.mkdir(parents=True, exist_ok=True)
-        key.write_text(repo.key_armored)
+        joinlab.put_key(repo, host)
         # The host runs kernel RUNNING, installed from "Debian" (the fake flavour repo).
         repo.configure_host(host, ["debian-kernel"])
         host.run(f"apt-get install -y -q linux-image-amd64 && test -e /boot/vmlinuz-{RUNNING}", timeout=300)
         (workdir / "playbook.yml").write_text(PLAYBOOK)
-        inventory = {"all": {"hosts": {HOST: {"ansible_user": "root"}}, "vars": {
+        role = joinlab.run_playbook(lab, [host], workdir, workdir / "playbook.yml", {
             "corral_pool": "h100", "corral_gpu_model": "H100", "corral_gpu_count": 8,
             "corral_nvidia_driver_version": "550.127.05",
-            "corral_nvidia_repo_url": repo.url("cuda"), "corral_nvidia_repo_key_url": f"file://{KEY_ON_HOST}",
+            "corral_nvidia_repo_url": repo.url("cuda"), "corral_nvidia_repo_key_url": f"file://{joinlab.KEY_ON_HOST}",
             # As on metal, for a host running RUNNING (a container has no kernel of its own).
             "corral_nvidia_install_kernel_headers": True,
             "corral_kernel_release": RUNNING,
-        }}}
-        (workdir / "inventory.yml").write_text(yaml.safe_dump(inventory))
-        ssh_config = lab.write_ssh_config(workdir / "ssh_config", hosts=[host])
-        env = lab.ansible_env()
-        env.update(ANSIBLE_SSH_ARGS=f"-F {ssh_config} -o ControlMaster=no",
-                   ANSIBLE_ROLES_PATH=os.path.join(REPO, "ansible", "roles"),
-                   ANSIBLE_CONFIG=os.path.join(REPO, "ansible", "ansible.cfg"),
-                   ANSIBLE_LOCAL_TEMP=str(workdir / "ansible-tmp"))
-        role = subprocess.run(["ansible-playbook", "-i", str(workdir / "inventory.yml"), str(workdir / "playbook.yml")],
-                              env=env, capture_output=True, text=True, timeout=900)
+        }, name="kernel")
         states = {"role": role, "module_running": module(host, RUNNING)}
         # The update arrives in the mirror; unattended-upgrades (or `apt
         # upgrade`) moves the flavour's metapackages to it.
@@ -101,7 +86,7 @@ def kernel_host(hostlab, hostlab_repo, tmp_path_factory):
 
 def test_the_role_installs_the_flavours_headers_and_builds_for_the_running_kernel(kernel_host):
     role = kernel_host["role"]
-    assert role.returncode == 0, role.stdout[-8000:] + role.stderr[-3000:]
+    assert role["rc"] == 0, role["stdout"][-8000:] + role["stderr"][-3000:]
     assert kernel_host["module_running"]
 
 

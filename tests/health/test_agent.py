@@ -10,6 +10,8 @@ from corral.health import addon, classify
 from corral.manifests.render import render as render_addons
 from corral.model.schema import PREFLIGHT_TAINT_KEY, UNHEALTHY_TAINT_KEY
 
+from tests.admission import evaluate_policy
+
 from .conftest import cluster, load_script
 
 STAMP = "2026-11-24T04:00:00Z"
@@ -137,20 +139,9 @@ def test_no_gpu_pool_no_addon():
 
 def admit(vap: dict, username: str, node_name: str | None, old: dict, new: dict) -> list[str]:
     """Denial messages of the agent's policy for an UPDATE of `old` to `new`, as the API server evaluates it."""
-    celpy = pytest.importorskip("celpy")
-    env = celpy.Environment()
     extra = {"authentication.kubernetes.io/node-name": [node_name]} if node_name else {}
-    activation = {
-        "request": celpy.json_to_cel({"userInfo": {"username": username, "extra": extra}, "operation": "UPDATE"}),
-        "object": celpy.json_to_cel(new), "oldObject": celpy.json_to_cel(old),
-    }
-
-    def evaluate(expression):
-        return env.program(env.compile(expression)).evaluate(activation)
-
-    if not all(evaluate(m["expression"]) for m in vap["spec"]["matchConditions"]):
-        return []
-    return [v["message"] for v in vap["spec"]["validations"] if not evaluate(v["expression"])]
+    request = {"userInfo": {"username": username, "extra": extra}, "operation": "UPDATE"}
+    return evaluate_policy(vap["spec"], request=request, object=new, oldObject=old)[1]
 
 
 AGENT = "system:serviceaccount:kube-system:corral-gpu-health"

@@ -75,13 +75,10 @@ def test_an_unlabelled_namespace_enforces_baseline_and_corrals_own_keep_their_le
     assert effective_enforce({}, config, "made-by-hand") == "baseline"
     # Every namespace corral creates or labels says its own level, so the
     # default changes none of them; only exempt namespaces may rely on the exemption.
-    for addon in render(cluster):
-        for obj in [*addon.objects, *addon.patches]:
-            if obj["kind"] != "Namespace":
-                continue
-            name, labels = obj["metadata"]["name"], obj["metadata"].get("labels", {})
-            assert f"{policy.PSA_PREFIX}/enforce" in labels or name in POD_SECURITY_EXEMPT_NAMESPACES, name
-    # The namespaces whose pods need privileges are privileged by label or exempt.
+    rendered = {obj["metadata"]["name"]: obj["metadata"].get("labels", {})
+                for addon in render(cluster) for obj in [*addon.objects, *addon.patches] if obj["kind"] == "Namespace"}
+    for name, labels in rendered.items():
+        assert f"{policy.PSA_PREFIX}/enforce" in labels or name in POD_SECURITY_EXEMPT_NAMESPACES, name
+    # The namespaces whose pods need privileges are privileged by their rendered labels, or exempt.
     for namespace in policy.PRIVILEGED_NAMESPACES:
-        labels = policy.pod_security_labels(cluster, "privileged") if namespace != "kube-system" else {}
-        assert effective_enforce(labels, config, namespace) in (None, "privileged")
+        assert effective_enforce(rendered.get(namespace, {}), config, namespace) in (None, "privileged"), namespace

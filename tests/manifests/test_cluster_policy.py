@@ -24,6 +24,7 @@ from corral.manifests.monitoring import KSM_RESOURCES
 from corral.model import Cluster, load_fleet
 from corral.model.layout import layout
 from corral.model.schema import TEAM_TAINT_KEY
+from tests.admission import evaluate_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "clusters"
@@ -61,34 +62,12 @@ def evaluate_pod_policy(vap: dict, namespace: str, spec: dict, operation: str = 
     variables and every validation are evaluated, and the message
     expression of each failing validation.
     """
-    celpy = pytest.importorskip("celpy")
     for expression in vap["matchConstraints"]["namespaceSelector"]["matchExpressions"]:
         assert expression["key"] == "kubernetes.io/metadata.name" and expression["operator"] == "NotIn"
         if namespace in expression["values"]:
             return True, []  # the policy does not apply there
-    env = celpy.Environment()
-
-    def evaluate(expression: str, activation: dict):
-        return env.program(env.compile(expression)).evaluate(activation)
-
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": namespace}, "spec": spec}
-    activation = {
-        "object": celpy.json_to_cel(pod),
-        "request": celpy.json_to_cel({"namespace": namespace, "operation": operation}),
-        "variables": celpy.json_to_cel({}),
-    }
-    variables = {}
-    for var in vap["variables"]:
-        variables[var["name"]] = evaluate(var["expression"], activation)
-        activation["variables"] = celpy.celtypes.MapType(
-            {celpy.celtypes.StringType(k): v for k, v in variables.items()})
-    messages = []
-    for validation in vap["validations"]:
-        result = evaluate(validation["expression"], activation)
-        assert isinstance(result, celpy.celtypes.BoolType), (validation["expression"], result)
-        if not result:
-            messages.append(str(evaluate(validation["messageExpression"], activation)))
-    return not messages, messages
+    return evaluate_policy(vap, object=pod, request={"namespace": namespace, "operation": operation})
 
 
 def pod(*tolerations: dict, node_name: str | None = None) -> dict:

@@ -15,8 +15,7 @@ import pytest
 
 from corral.health.kube import CORDON_ANNOTATION
 from corral.manifests.runner_rbac import SCOPE_POLICY, USERNAME, runner_rbac_objects
-
-celpy = pytest.importorskip("celpy")
+from tests.admission import evaluate_policy
 
 NODE = {
     "apiVersion": "v1", "kind": "Node",
@@ -40,25 +39,8 @@ def admit(old: dict, new: dict, username: str = USERNAME) -> tuple[bool, list[st
     spec = policy()
     assert spec["failurePolicy"] == "Fail"
     assert spec["matchConstraints"]["resourceRules"][0]["resources"] == ["nodes"]
-    env = celpy.Environment()
-
-    def evaluate(expression: str, activation: dict):
-        return env.program(env.compile(expression)).evaluate(activation)
-
-    activation = {"object": celpy.json_to_cel(new), "oldObject": celpy.json_to_cel(old),
-                  "request": celpy.json_to_cel({"operation": "UPDATE", "userInfo": {"username": username}}),
-                  "variables": celpy.json_to_cel({})}
-    if not all(evaluate(c["expression"], activation) for c in spec["matchConditions"]):
-        return True, []  # not the runner: the policy does not apply
-    variables = {v["name"]: evaluate(v["expression"], activation) for v in spec["variables"]}
-    activation["variables"] = celpy.celtypes.MapType({celpy.celtypes.StringType(k): v for k, v in variables.items()})
-    messages = []
-    for validation in spec["validations"]:
-        result = evaluate(validation["expression"], activation)
-        assert isinstance(result, celpy.celtypes.BoolType), (validation["expression"], result)
-        if not result:
-            messages.append(validation["message"])
-    return not messages, messages
+    request = {"operation": "UPDATE", "userInfo": {"username": username}}
+    return evaluate_policy(spec, object=new, oldObject=old, request=request)
 
 
 def changed(**edits) -> dict:

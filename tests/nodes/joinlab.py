@@ -201,6 +201,31 @@ def env_with(setup: JoinSetup) -> dict[str, str]:
 IMAGE_PLAYBOOK = REPO / "node-images" / "image.yml"
 
 
+def run_playbook(lab, hosts, workdir: Path, playbook: Path, host_vars: dict, name: str) -> dict:
+    """ansible-playbook `playbook` against lab `hosts` (as root, the repo's roles), with
+    `host_vars` as their variables; rc, stdout, stderr and wall time. `name` keeps the
+    run's files in `workdir` apart from other runs'."""
+    import subprocess
+    import time
+
+    inventory = workdir / f"{name}-inventory.json"
+    inventory.write_text(json.dumps({"all": {"hosts": {h.name: {"ansible_user": "root"} for h in hosts},
+                                             "vars": host_vars}}))
+    ssh_config = lab.write_ssh_config(workdir / f"{name}-ssh-config", hosts=hosts)
+    env = lab.ansible_env()
+    env.update(ANSIBLE_SSH_ARGS=f"-F {ssh_config} -o ControlMaster=no",
+               ANSIBLE_CACHE_PLUGIN_CONNECTION=str(workdir / f"{name}-facts"),
+               ANSIBLE_LOCAL_TEMP=str(workdir / "ansible-tmp"),
+               ANSIBLE_ROLES_PATH=str(REPO / "ansible" / "roles"),
+               ANSIBLE_CONFIG=str(REPO / "ansible" / "ansible.cfg"))
+    t0 = time.monotonic()
+    result = subprocess.run(["ansible-playbook", "-i", str(inventory), str(playbook)],
+                            env={k: v for k, v in env.items() if isinstance(v, str)},
+                            capture_output=True, text=True, timeout=1800)
+    return {"rc": result.returncode, "stdout": result.stdout, "stderr": result.stderr,
+            "wall": time.monotonic() - t0}
+
+
 def bake_image(lab, repo, builder, workdir: Path) -> dict:
     """Run node-images/image.yml against `builder`, as Packer runs it against a build VM.
 
@@ -208,25 +233,8 @@ def bake_image(lab, repo, builder, workdir: Path) -> dict:
     service, so cloud-init stays out of the image (a copy would search
     datasources at every boot).
     """
-    import subprocess
-    import time
-
     put_key(repo, builder)
-    inventory = workdir / "image-inventory.json"
-    inventory.write_text(json.dumps({"all": {"hosts": {builder.name: {"ansible_user": "root"}}}}))
-    extra = workdir / "image-vars.json"
-    extra.write_text(json.dumps({**site_mirror_vars(repo), "corral_kubernetes_version": "1.31.4",
-                                 "corral_nvidia_driver_version": "550.127.05", "corral_image_cloud_init": False}))
-    ssh_config = lab.write_ssh_config(workdir / "image-ssh-config", hosts=[builder])
-    env = lab.ansible_env()
-    env.update(ANSIBLE_SSH_ARGS=f"-F {ssh_config} -o ControlMaster=no",
-               ANSIBLE_CACHE_PLUGIN_CONNECTION=str(workdir / "image-facts"),
-               ANSIBLE_LOCAL_TEMP=str(workdir / "ansible-tmp"),
-               ANSIBLE_ROLES_PATH=str(REPO / "ansible" / "roles"),
-               ANSIBLE_CONFIG=str(REPO / "ansible" / "ansible.cfg"))
-    t0 = time.monotonic()
-    result = subprocess.run(["ansible-playbook", "-i", str(inventory), "-e", f"@{extra}", str(IMAGE_PLAYBOOK)],
-                            env={k: v for k, v in env.items() if isinstance(v, str)},
-                            capture_output=True, text=True, timeout=1800)
-    return {"rc": result.returncode, "stdout": result.stdout, "stderr": result.stderr,
-            "wall": time.monotonic() - t0}
+    return run_playbook(lab, [builder], workdir, IMAGE_PLAYBOOK, {
+        **site_mirror_vars(repo), "corral_kubernetes_version": "1.31.4",
+        "corral_nvidia_driver_version": "550.127.05", "corral_image_cloud_init": False,
+    }, name="image")
