@@ -16,6 +16,14 @@ from __future__ import annotations
 # (github.com/flannel-io/flannel releases list the matching cni-plugin tag).
 FLANNEL = "docker.io/flannel/flannel:v0.26.1"
 FLANNEL_CNI_PLUGIN = "docker.io/flannel/flannel-cni-plugin:v1.5.1-flannel2"
+# NetworkPolicy beside flannel (flannel enforces none itself; its chart's
+# `netpol.enabled` runs this same engine as a sidecar, Documentation/netpol.md
+# since v0.25.5). v1.1.1 (github.com/kubernetes-sigs/kube-network-policies
+# tags; install.yaml at main names this image, commit ee995c5) is the first
+# release that leaves hostNetwork pods out of a policy's managed addresses
+# (commit 486e36f): before it, a policy selecting a hostNetwork pod (say
+# node-exporter) put the node's own address under the policy.
+KUBE_NETWORK_POLICIES = "registry.k8s.io/networking/kube-network-policies:v1.1.1"
 
 # NVIDIA: device plugin and DCGM exporter. dcgm-exporter's tag is
 # <DCGM version>-<exporter version>-<base image>.
