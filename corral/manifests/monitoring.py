@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from corral.model.render import dump_yaml
 from corral.model.schema import LABEL_DOMAIN, TEAM_TAINT_KEY, Cluster
 
-from .policy import MONITORING_NAMESPACE
+from .policy import CONTROL_PLANE_LABEL, GPU_PRESENT_LABEL, MONITORING_NAMESPACE
 
 SCRAPE_INTERVAL_SECONDS = 30
 # Usage rules run every minute; `corral usage` turns a count of their samples
@@ -38,6 +38,14 @@ RULE_INTERVAL_SECONDS = 60
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 REMOTE_WRITE_SECRET_DIR = "/etc/prometheus/remote-write"
 PORT = 9090
+KSM_PORT = 8080
+DCGM_EXPORTER_PORT = 9400
+# Grafana's admin: a Secret `pulumi up` fills with a generated password
+# (corral/infra/grafana_admin.py), mounted as files Grafana reads at start.
+GRAFANA_ADMIN_SECRET = "grafana-admin"
+GRAFANA_ADMIN_USER_KEY = "admin-user"
+GRAFANA_ADMIN_PASSWORD_KEY = "admin-password"
+GRAFANA_ADMIN_DIR = "/etc/grafana/admin"
 
 # --- sizing (docs/monitoring.md: sources of every figure) ---------------------
 
@@ -137,7 +145,7 @@ def ksm_shard_count(cluster: Cluster) -> int:
 def ksm_targets(cluster: Cluster) -> list[str]:
     shards = ksm_shard_count(cluster)
     names = ["kube-state-metrics"] if shards == 1 else [f"kube-state-metrics-shard-{i}" for i in range(shards)]
-    return [f"{name}.{MONITORING_NAMESPACE}.svc:8080" for name in names]
+    return [f"{name}.{MONITORING_NAMESPACE}.svc:{KSM_PORT}" for name in names]
 
 
 def shard_count(cluster: Cluster) -> int:
@@ -459,7 +467,7 @@ def shard_config(cluster: Cluster, gpu: bool, shard: int, shards: int) -> str:
          "metric_relabel_configs": _drop(NODE_EXPORTER_DROP)},
     ]
     if gpu:
-        jobs.append(_pods_job("dcgm-exporter", "dcgm-exporter", 9400, shard, shards))
+        jobs.append(_pods_job("dcgm-exporter", "dcgm-exporter", DCGM_EXPORTER_PORT, shard, shards))
     return _config(cluster, shard_name(shard), "corral-shard-rules.yml", jobs)
 
 
@@ -520,8 +528,9 @@ def node_textfile_dir() -> str:
 def etcd_members_job(cluster: Cluster) -> dict:
     """node_exporter on every etcd member (VMs outside Kubernetes: static targets
     from the cluster's layout, each labelled `member` and `etcd_cluster`), for the
-    snapshot alerts (corral/etcd/monitoring.py). Reached from the node Prometheus
-    runs on: the cloud firewalls open 9100 to the members from the nodes only."""
+    snapshot alerts (corral/etcd/monitoring.py). Reached from the node the global
+    pair runs on, always an API server (global_node_affinity): the cloud firewalls
+    open 9100 on the members to the API servers only."""
     from corral.etcd.monitoring import SCRAPE_JOB, scrape_targets
 
     return {
@@ -662,6 +671,24 @@ def control_plane_rule_groups(cluster: Cluster) -> list[dict]:
 
 def prometheus_rules(groups: list[dict]) -> str:
     return dump_yaml({"groups": groups})
+
+
+# --- where the servers run ---------------------------------------------------------------
+
+
+def global_node_affinity() -> dict:
+    """The global pair runs only on the API servers (kubeadm's control-plane nodes).
+
+    It is the one Prometheus that scrapes the etcd members' node_exporter, and
+    its packets leave the node with the node's address (flannel --ip-masq), so
+    the members' firewall admits 9100 from the API servers alone
+    (corral/infra/<cloud>/network.py), not from every node subnet and site.
+    The shards keep off_gpu_affinity: they scrape nothing outside Kubernetes.
+    """
+    return {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": CONTROL_PLANE_LABEL, "operator": "Exists"},
+        {"key": GPU_PRESENT_LABEL, "operator": "DoesNotExist"},
+    ]}]}}
 
 
 # --- the template's context ------------------------------------------------------------

@@ -19,7 +19,7 @@ from ruamel.yaml.representer import SafeRepresenter
 
 from corral.model.schema import LABEL_DOMAIN, PREFLIGHT_TAINT_KEY, UNHEALTHY_TAINT_KEY, Cluster
 
-from . import monitoring, policy, versions
+from . import monitoring, network_policy, policy, versions
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates" / "manifests"
 
@@ -36,6 +36,8 @@ KIND_ORDER = (
     "RoleBinding",
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
+    # Before the pods they isolate, so none starts open.
+    "NetworkPolicy",
     "ConfigMap",
     "Secret",
     "Service",
@@ -334,13 +336,18 @@ def monitoring_stack(cluster: Cluster) -> list[dict]:
         },
         all_gpus_volume=policy.all_gpus_volume(),
         all_gpus_mount=policy.all_gpus_mount(),
+        global_node_affinity=monitoring.global_node_affinity(),
         images={
             "prometheus": versions.PROMETHEUS,
             "node_exporter": versions.NODE_EXPORTER,
             "kube_state_metrics": ksm_image,
             "dcgm_exporter": versions.DCGM_EXPORTER,
         },
-    ) + grafana(cluster, gpu)
+    ) + grafana(cluster, gpu) + network_policy.monitoring_policies(gpu)
+
+
+def network_policy_engine(cluster: Cluster) -> list[dict]:
+    return _template("network-policy", **network_policy.engine_context())
 
 
 def grafana(cluster: Cluster, gpu: bool) -> list[dict]:
@@ -361,6 +368,12 @@ def grafana(cluster: Cluster, gpu: bool) -> list[dict]:
         dashboards=boards,
         config_hash=_hash(sources, provider, *(boards[k] for k in sorted(boards))),
         off_gpu_affinity=policy.off_gpu_affinity(),
+        admin_secret={
+            "name": monitoring.GRAFANA_ADMIN_SECRET,
+            "user_key": monitoring.GRAFANA_ADMIN_USER_KEY,
+            "password_key": monitoring.GRAFANA_ADMIN_PASSWORD_KEY,
+            "dir": monitoring.GRAFANA_ADMIN_DIR,
+        },
     )
 
 
@@ -385,7 +398,7 @@ def gpu_health(cluster: Cluster) -> list[dict]:
 
 # Every add-on corral knows, in apply order, with when it applies.
 ADDON_NAMES = (
-    "flannel", "pod-security", "teams", "scheduling", "nvidia-device-plugin", "rdma-shared-device-plugin",
+    "flannel", "network-policy", "pod-security", "teams", "scheduling", "nvidia-device-plugin", "rdma-shared-device-plugin",
     "gpu-health", "cluster-autoscaler", "kubelet-csr-approver", "monitoring",
 )
 
@@ -396,6 +409,7 @@ def render(cluster: Cluster) -> list[Addon]:
     sched = cluster.scheduling
     parts: list[tuple[str, bool, object]] = [
         ("flannel", True, flannel),
+        ("network-policy", True, network_policy_engine),
         ("pod-security", True, pod_security),
         ("teams", bool(sched.teams), teams),
         ("scheduling", sched.bin_packing or sched.coscheduling, scheduling),
