@@ -32,7 +32,10 @@ classes, with these constructor signatures and attributes:
         lists them, with the pool's min/max split over its zones;
         cluster-autoscaler discovery tags, and
         `user_data[pool.name]` (its cloud-init: the shared JoinConfiguration
-        with the pool's labels and taints). Attribute `cloud_settings`: what
+        with the pool's labels and taints). Attribute `node_groups`: pool
+        name -> [{provider, name, region, zones, project (GCP), subscription
+        and resourceGroup (Azure)}], one per group: the stack output
+        nodeGroups (outputs.py). Attribute `cloud_settings`: what
         the cluster-autoscaler must be told about the cloud (Azure:
         ARM_SUBSCRIPTION_ID, ARM_RESOURCE_GROUP; GCP: GCP_PROJECT; AWS: none).
         Method `allow_resize(identities)`: the API servers' identities (where
@@ -70,7 +73,16 @@ classes, with these constructor signatures and attributes:
         preview: it goes in the members' user data). Versioned, public access
         blocked, encrypted, every object and old version deleted after
         `controlPlane.etcd.snapshots.retentionDays` by a lifecycle rule.
-        Attribute `location` (a SnapshotLocation). Method:
+        Only a restore identity reads the objects (docs/etcd.md, "Who can
+        read a snapshot"): AWS an IAM role (the bucket's own KMS key, a bucket
+        policy denying reads and deletes to every other principal and requests
+        without TLS), GCP a service account operators impersonate (a CMEK,
+        objectViewer for it alone), Azure the Entra ID principal of stack
+        setting `corral:snapshotRestorePrincipalId` (Storage Blob Data Reader).
+        Attributes `location` (a SnapshotLocation) and `restore_role` (Output[str]
+        or str: the role's ARN, the account's email, the principal's object id
+        or ""; the program exports it as `snapshotRestoreRole`, which `corral
+        etcd restore --from-bucket` reads). Method:
           grant_write(writer, identity)  lets `identity` (an etcd member's
                                       machine identity) create objects in the
                                       bucket, and nothing else: no list, read

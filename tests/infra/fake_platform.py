@@ -74,6 +74,7 @@ class SnapshotBucket(pulumi.ComponentResource):
         super().__init__("corral:fake:SnapshotBucket", name, None, opts)
         self.location = snapshot_location(ctx.cluster)
         self.writers: list[tuple[str, Any]] = []
+        self.restore_role = f"restore-{self.location.bucket}"
         pulumi.CustomResource("fake:index:Bucket", name, {"bucket": self.location.bucket},
                               pulumi.ResourceOptions(parent=self))
         self.register_outputs({})
@@ -128,6 +129,10 @@ class NodePools(pulumi.ComponentResource):
         _record("NodePools", name=name, user_data=dict(user_data))
         self.identities = {pool.name: f"identity-pool-{pool.name}" for pool in ctx.cluster.cloud_pools}
         self.resizers: dict = {}
+        # The stack output nodeGroups, in the shape every cloud's NodePools gives it.
+        self.node_groups = {pool.name: [{"provider": "fake", "name": f"{ctx.cluster.name}-{pool.name}",
+                                         "region": ctx.cluster.control_plane.region, "zones": ["fake-zone"]}]
+                            for pool in ctx.cluster.cloud_pools}
         for pool in ctx.cluster.cloud_pools:
             pulumi.CustomResource(
                 "fake:index:Group", f"{ctx.cluster.name}-{pool.name}",
