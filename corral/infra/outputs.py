@@ -10,9 +10,17 @@
     vpn              site name -> what the data centre's VPN side needs
                      (HybridLink.sites: gateway addresses, tunnels, BGP)
     vpnSharedKeys    site name -> the IPsec pre-shared key (secret)
+    nodeGroups       cloud pool name -> its groups, the same shape on every
+                     cloud: [{provider, name (the ASG / zonal MIG / scale
+                     set), region, zones, project (GCP), subscription and
+                     resourceGroup (Azure)}]; {} without cloud pools. What
+                     `corral nodes health --remediate` and `corral upgrade`
+                     hold a node's providerID to before they replace its
+                     instance (corral/health/instances.py). Not secret.
 
 `corral join` reads them with `pulumi stack output --json --show-secrets`,
-or from a JSON file holding the same keys.
+or from a JSON file holding the same keys (`--outputs`); remediation and the
+upgrade roll read `nodeGroups` the same ways.
 """
 
 from __future__ import annotations
@@ -27,7 +35,8 @@ from corral.model.layout import API_PORT
 from .pki import Pki
 from .platform import ClusterContext
 
-OUTPUT_KEYS = ("apiEndpoint", "caCertificate", "caCertHash", "bootstrapToken", "adminKubeconfig", "vpn", "vpnSharedKeys")
+OUTPUT_KEYS = ("apiEndpoint", "caCertificate", "caCertHash", "bootstrapToken", "adminKubeconfig", "vpn", "vpnSharedKeys",
+               "nodeGroups")
 SECRET_OUTPUT_KEYS = ("bootstrapToken", "adminKubeconfig", "vpnSharedKeys")
 
 
@@ -60,8 +69,10 @@ def admin_kubeconfig(cluster: str, server: str, ca_pem: str, cert_pem: str, key_
     )
 
 
-def stack_outputs(ctx: ClusterContext, pki: Pki, vpn_sites: dict[str, Any] | None) -> dict[str, Any]:
-    """The outputs as a dict of Inputs (see the module docstring)."""
+def stack_outputs(ctx: ClusterContext, pki: Pki, vpn_sites: dict[str, Any] | None,
+                  node_groups: dict[str, list[dict[str, Any]]] | None = None) -> dict[str, Any]:
+    """The outputs as a dict of Inputs (see the module docstring); `node_groups` is the
+    NodePools component's `node_groups`."""
     name = ctx.cluster.name
     server = f"https://{ctx.layout.api_vip}:{API_PORT}"
     kubeconfig = pulumi.Output.all(pki.kubernetes_ca.cert_pem, pki.admin.cert_pem, pki.admin.key_pem).apply(
@@ -76,6 +87,7 @@ def stack_outputs(ctx: ClusterContext, pki: Pki, vpn_sites: dict[str, Any] | Non
         "vpn": dict(vpn_sites or {}),
         # Secret as a whole, so `pulumi stack output` never prints one of them.
         "vpnSharedKeys": pulumi.Output.secret(pulumi.Output.from_input(dict(pki.vpn_shared_keys))),
+        "nodeGroups": dict(node_groups or {}),
     }
 
 

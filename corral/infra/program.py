@@ -36,7 +36,7 @@ import pulumi
 
 from corral.model import Cluster, ValidationFailed, load_fleet
 
-from . import bootstrap, outputs
+from . import bootstrap, extras, outputs
 from .pki import Pki
 from .platform import COMPONENTS, ClusterContext
 
@@ -88,6 +88,12 @@ def cloud_package(cloud: str) -> ModuleType:
     except ModuleNotFoundError as err:
         if err.name and module_name.startswith(err.name):
             raise ProgramError(f"no cloud package {module_name} for cloud '{cloud}'") from None
+        if extras.missing_provider(err, cloud):
+            # Each cloud's provider is an extra of pyproject.toml, not installed by default.
+            raise ProgramError(
+                f"clusters on {cloud} need the {cloud} extra, and its Pulumi provider ({err.name}) "
+                f"is not installed: {extras.install_hint(cloud)}"
+            ) from None
         raise
     missing = [name for name in COMPONENTS if not hasattr(module, name)]
     if missing:
@@ -151,7 +157,10 @@ def build(cluster: Cluster, platform: ModuleType | None = None) -> Deployment:
         ctx, pki, secret_store, secrets, user_data, network, etcd, events_etcd, api_servers, node_pools, hybrid_link,
     )
     deployment.snapshot_bucket = snapshot_bucket
-    deployment.outputs = outputs.stack_outputs(ctx, pki, hybrid_link.sites if hybrid_link else None)
+    deployment.outputs = outputs.stack_outputs(ctx, pki, hybrid_link.sites if hybrid_link else None,
+                                               node_pools.node_groups if node_pools else None)
+    # Who `corral etcd restore --from-bucket` reads the snapshots as (docs/etcd.md).
+    deployment.outputs["snapshotRestoreRole"] = snapshot_bucket.restore_role
     # The add-ons (CNI, device plugin, autoscaler, policy, monitoring), applied
     # once the API answers; see docs/addons.md for why here and not at boot.
     from .addons import Addons

@@ -104,7 +104,8 @@ class NodePools(pulumi.ComponentResource):
 
     Attributes: groups (pool -> ASG), launch_templates (pool -> template),
     group_names (pool -> ASG name), identities (pool -> the IAM role of its
-    machines, which may read only the pool's secret).
+    machines, which may read only the pool's secret), node_groups (pool ->
+    [its ASG's name, region and zones]: the stack output nodeGroups).
     """
 
     def __init__(
@@ -123,6 +124,7 @@ class NodePools(pulumi.ComponentResource):
         self.launch_templates: dict[str, aws.ec2.LaunchTemplate] = {}
         self.group_names: dict[str, str] = {}
         self.identities: dict[str, aws.iam.Role] = {}
+        self.node_groups: dict[str, list[dict]] = {}
 
         for pool in cluster.cloud_pools:
             if pool.provider != "aws":
@@ -206,6 +208,8 @@ class NodePools(pulumi.ComponentResource):
             self.groups[pool.name] = group
             self.launch_templates[pool.name] = template
             self.group_names[pool.name] = group_name
+            self.node_groups[pool.name] = [{"provider": "aws", "name": group_name,
+                                            "region": cluster.control_plane.region, "zones": list(zones)}]
 
         # The cluster-autoscaler finds ASGs by their tags: nothing more to tell it.
         self.cloud_settings: dict[str, str] = {}

@@ -147,6 +147,8 @@ class NodePools(pulumi.ComponentResource):
 
     Attributes: scale_sets / autoscale_settings: scale set name -> resource,
     pool_scale_sets: pool name -> {zone: scale set},
+    node_groups: pool name -> [{provider, name, region, zones ([its zone]),
+    subscription, resourceGroup}] per scale set (the stack output nodeGroups),
     autoscaler_discovery (the `--node-group-auto-discovery` value),
     identities, resize_grants.
     """
@@ -169,6 +171,7 @@ class NodePools(pulumi.ComponentResource):
         self._ctx, self._network = ctx, network
 
         self.pool_scale_sets: dict[str, dict[str, azure.compute.VirtualMachineScaleSet]] = {}
+        self.node_groups: dict[str, list[dict]] = {}
         pool_identities: dict[str, azure.managedidentity.UserAssignedIdentity] = {}
         for group in autoscaler_node_groups(cluster):
             pool = cluster.pool(group.pool)
@@ -304,6 +307,9 @@ class NodePools(pulumi.ComponentResource):
             )
             self.scale_sets[set_name] = vmss
             self.pool_scale_sets.setdefault(pool.name, {})[zone] = vmss
+            self.node_groups.setdefault(pool.name, []).append({
+                "provider": "azure", "name": set_name, "region": location(ctx), "zones": [zone],
+                "subscription": network.subscription_id, "resourceGroup": network.resource_group_name})
             self.autoscale_settings[set_name] = setting
 
         # What the cluster-autoscaler needs to find the scale sets.

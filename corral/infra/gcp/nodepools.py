@@ -176,7 +176,9 @@ class NodePools(pulumi.ComponentResource):
       identities: pool name -> the email of its machines' service account
         (which may read only the pool's secret);
       cloud_settings: {"GCP_PROJECT": project} for the autoscaler's
-        ConfigMap (corral.infra.addons), when `gcp:project` is set.
+        ConfigMap (corral.infra.addons), when `gcp:project` is set;
+      node_groups: pool name -> [{provider, name (the MIG), region, zones
+        ([its zone]), project}] per zone: the stack output nodeGroups.
     """
 
     def __init__(
@@ -195,6 +197,7 @@ class NodePools(pulumi.ComponentResource):
         self.migs: dict[str, gcp.compute.InstanceGroupManager] = {}
         self.templates: dict[str, gcp.compute.InstanceTemplate] = {}
         self.identities: dict[str, pulumi.Output[str]] = {}
+        self.node_groups: dict[str, list[dict]] = {}
         specs: list[pulumi.Output[str]] = []
 
         for pool in cluster.cloud_pools:
@@ -274,6 +277,9 @@ class NodePools(pulumi.ComponentResource):
                 self.templates[zone_group] = template
                 self.migs[zone_group] = mig
                 info["zones"][zone] = {"mig": zone_group, "min": zone_min, "max": zone_max}
+                self.node_groups.setdefault(pool.name, []).append({
+                    "provider": "gcp", "name": zone_group, "region": cluster.control_plane.region,
+                    "zones": [zone], "project": project or mig.project})
                 specs.append(_autoscaler_spec(mig, project, zone, zone_group, zone_min, zone_max))
             self.groups[pool.name] = info
 
