@@ -348,18 +348,18 @@ def test_etcd_ports_only_from_etcd_and_api_servers(plan_name: str, request):
 
 
 @pytest.mark.parametrize("plan_name", ["heron", "hybrid"])
-def test_etcd_members_node_exporter_only_from_the_nodes(plan_name: str, request):
-    """9100/tcp to the etcd group (the members' node-exporter, for the in-cluster
-    Prometheus): from the node subnets, the sites and the API servers, nothing else;
-    and the etcd group opens nothing but etcd's ports, 9100 and path MTU ICMP."""
+def test_etcd_members_node_exporter_only_from_the_api_servers(plan_name: str, request):
+    """9100/tcp to the etcd group (the members' node-exporter, for the global
+    Prometheus, which runs only on the API servers): from the api group, no node
+    subnet, no site; and the etcd group opens nothing but etcd's ports, 9100 and
+    path MTU ICMP."""
     plan: Plan = request.getfixturevalue(plan_name)
     etcd_rules = [r for r in _rules(plan) if _group_name(plan, r) == "heron-etcd"]
     exporter = [r for r in etcd_rules if _covers(r, 9100)]
     assert {(r.inputs["ipProtocol"], r.inputs["fromPort"], r.inputs["toPort"]) for r in exporter} == {("tcp", 9100, 9100)}
     sources = [r.inputs.get("cidrIpv4") or plan.by_id(r.inputs["referencedSecurityGroupId"]).name for r in exporter]
-    node_subnets = [z.node_subnet for z in plan.ctx.layout.zones]
     site_cidrs = [c for s in plan.cluster.sites for c in s.cidrs]
-    assert sorted(sources) == sorted([*node_subnets, *site_cidrs, "heron-api"])
+    assert sources == ["heron-api"]
     assert (len(site_cidrs) > 0) == (plan_name == "hybrid")
     others = {(r.inputs["ipProtocol"], r.inputs["fromPort"], r.inputs["toPort"]) for r in etcd_rules if r not in exporter}
     assert others == {("tcp", 2379, 2380), ("icmp", 3, 4)}

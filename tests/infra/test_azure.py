@@ -304,10 +304,10 @@ def test_etcd_ports_only_from_members_and_api_servers(variant: str, request):
 
 
 @pytest.mark.parametrize("variant", ["jaguar", "varied"])
-def test_etcd_members_node_exporter_only_from_the_nodes(variant: str, request):
-    """9100/tcp to the etcd members (their node-exporter, for the in-cluster
-    Prometheus; the events cluster's too): one rule, from the node subnets, the
-    sites and the API servers, nothing else."""
+def test_etcd_members_node_exporter_only_from_the_api_servers(variant: str, request):
+    """9100/tcp to the etcd members (their node-exporter, for the global
+    Prometheus, which runs only on the API servers; the events cluster's too):
+    one rule, from the API servers' addresses, no node subnet, no site."""
     plan: Plan = request.getfixturevalue(variant)
     cluster, lay = plan.ctx.cluster, plan.ctx.layout
     members = [m.ip for m in (*lay.etcd_members, *lay.events_members)]
@@ -324,11 +324,10 @@ def test_etcd_members_node_exporter_only_from_the_nodes(variant: str, request):
     (_, rule), = opened
     assert (rule["protocol"], _ports(rule)) == ("Tcp", {9100})
     assert set(_prefixes(rule, "destination")) == {f"{ip}/32" for ip in members}
-    node_subnets = {z.node_subnet for z in lay.zones}
     site_cidrs = {c for s in cluster.sites for c in s.cidrs}
     assert site_cidrs
     api_hosts = {f"{m.ip}/32" for m in lay.api_servers}
-    assert set(_prefixes(rule, "source")) == node_subnets | site_cidrs | api_hosts
+    assert set(_prefixes(rule, "source")) == api_hosts
 
 
 def test_api_port_open_to_vnet_and_sites(jaguar: Plan):

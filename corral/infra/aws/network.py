@@ -35,8 +35,8 @@ class Network(pulumi.ComponentResource):
       and the node rules below (kubeadm makes API servers nodes running
       flannel, the autoscaler and whatever else tolerates their taint).
     - etcd (members): 2379-2380/tcp from the etcd and api groups only;
-      9100/tcp (the members' node-exporter) from the node subnets, the sites
-      and the api group: the Kubernetes nodes, where Prometheus runs.
+      9100/tcp (the members' node-exporter) from the api group only: the
+      global Prometheus, which scrapes it, runs only on the API servers.
     - nodes (cloud pools): 10250/tcp (kubelet), 9100/tcp (node-exporter)
       and flannel's UDP port from the node subnets, the sites and the api
       group; with flannel direct routing all traffic from the pod network
@@ -238,9 +238,11 @@ class Network(pulumi.ComponentResource):
             for kind, protocol, ports, what in node_services:
                 from_nodes(role, sg, kind, protocol, ports, what, zone_prefix)
         # The etcd members' node_exporter (their snapshot metrics, corral/machine/node_exporter.py),
-        # for the in-cluster Prometheus: from the Kubernetes nodes only, as above
-        # (pods' traffic leaves a node with the node's address: flannel --ip-masq).
-        from_nodes("etcd", etcd, "node-exporter", "tcp", node_exporter, "node-exporter of etcd members")
+        # for the global Prometheus, which runs only on the API servers
+        # (monitoring.global_node_affinity); its packets leave with the API
+        # server's address (flannel --ip-masq). No other node or site reaches it.
+        allow(etcd, rn("etcd", "node-exporter", "api"), "tcp", node_exporter,
+              "node-exporter of etcd members from API servers (the global Prometheus)", source=api)
         if cluster.network.flannel.direct_routing:
             allow(node, rn("nodes", "pods"), "-1", None, "flannel direct routing: pod traffic between hosts of a subnet",
                   cidr=cluster.kubernetes.pod_cidr)

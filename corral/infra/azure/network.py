@@ -81,8 +81,8 @@ class Network(pulumi.ComponentResource):
       included) and every site's CIDRs to the API servers and VIP, plus the
       load balancer's health probes; 2379-2380/tcp only from etcd members and
       API servers (their layout addresses) to etcd members; 9100/tcp (the
-      members' node-exporter) from the Kubernetes nodes (node subnets, sites,
-      API servers: where Prometheus runs) to etcd members; the node rules
+      members' node-exporter) from the API servers only (the global
+      Prometheus runs only there) to etcd members; the node rules
       below to the API servers (kubeadm makes them nodes running flannel).
     - nodes (on node subnets): 10250/tcp (kubelet) and 9100/tcp
       (node-exporter) from the node subnets, the sites and the API servers;
@@ -184,10 +184,10 @@ class Network(pulumi.ComponentResource):
             _rule("allow-etcd", 120, "Tcp", [*etcd_hosts, *api_hosts], etcd_hosts, ETCD_PORTS,
                   description="etcd client and peer traffic: only etcd members and API servers"),
             # The members' node-exporter (snapshot metrics, corral/machine/node_exporter.py) for the
-            # in-cluster Prometheus: from the Kubernetes nodes only (pods' traffic leaves a
-            # node with the node's address: flannel --ip-masq).
-            _rule("allow-etcd-node-exporter", 130, "Tcp", node_sources, etcd_hosts, str(NODE_EXPORTER_PORT),
-                  description="node-exporter of etcd members (snapshot metrics) from nodes, sites and API servers"),
+            # global Prometheus, which runs only on the API servers (monitoring.global_node_affinity);
+            # its packets leave with the API server's address (flannel --ip-masq).
+            _rule("allow-etcd-node-exporter", 130, "Tcp", api_hosts, etcd_hosts, str(NODE_EXPORTER_PORT),
+                  description="node-exporter of etcd members (snapshot metrics) from the API servers"),
             *node_rules(200, api_hosts),
             icmp,
             *_deny_rest(),

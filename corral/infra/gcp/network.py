@@ -70,9 +70,9 @@ class Network(pulumi.ComponentResource):
     - `<c>-apiserver-health`: 6443/tcp from Google's health-check ranges.
     - `<c>-etcd`: 2379-2380/tcp only from tags `etcd` and `apiserver` (never a
       CIDR, never 0.0.0.0/0), to tag `etcd`.
-    - `<c>-etcd-node-exporter`: 9100/tcp (the members' node-exporter) from the
-      node subnets, the sites and tag `apiserver` (the Kubernetes nodes, where
-      Prometheus runs), to tag `etcd`.
+    - `<c>-etcd-node-exporter`: 9100/tcp (the members' node-exporter) from tag
+      `apiserver` only (the global Prometheus runs only on the API servers),
+      to tag `etcd`.
     - `<c>-overlay`: 10250/tcp (kubelet), 9100/tcp (node-exporter) and
       flannel's UDP port from the node subnets, the sites and tag `apiserver` (kubectl logs/exec; API servers
       reach webhook pods over the overlay), to tags `node` and `apiserver`.
@@ -204,14 +204,13 @@ class Network(pulumi.ComponentResource):
                 target_tags=[TAG_ETCD],
             ),
             # The members' node-exporter (snapshot metrics, corral/machine/node_exporter.py) for
-            # the in-cluster Prometheus: from the Kubernetes nodes only, as "overlay"
-            # (pods' traffic leaves a node with the node's address: flannel --ip-masq).
-            # source_ranges and source_tags together match either (GCP ORs them).
+            # the global Prometheus, which runs only on the API servers
+            # (monitoring.global_node_affinity); its packets leave with the API
+            # server's address (flannel --ip-masq). No node subnet or site.
             "etcd-node-exporter": firewall(
                 "etcd-node-exporter",
-                "node-exporter of etcd members (snapshot metrics) from nodes, API servers and the sites",
+                "node-exporter of etcd members (snapshot metrics) from the API servers (the global Prometheus)",
                 [{"protocol": "tcp", "ports": [str(NODE_EXPORTER_PORT)]}],
-                source_ranges=_unique([*node_cidrs, *site_cidrs]),
                 source_tags=[TAG_APISERVER],
                 target_tags=[TAG_ETCD],
             ),
