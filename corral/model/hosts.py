@@ -4,10 +4,16 @@ The syntax is Ansible's inventory range syntax (`[start:end]`, inclusive, the
 width of `start` sets the zero padding), so an operator who knows one knows
 the other. Several ranges in one pattern expand as a cartesian product, left
 to right: `r[1:2]-gpu[01:02]` gives r1-gpu01, r1-gpu02, r2-gpu01, r2-gpu02.
+
+Address patterns use the same ranges: `10.50.1.[11:74]` is 10.50.1.11 ...
+10.50.1.74, the n-th address belonging to the n-th name of the hosts entry it
+stands beside. Ranges are IPv4 only (a range of decimal numbers in a hex
+IPv6 group would read as something else); an IPv6 address is written whole.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 import re
 
@@ -44,8 +50,9 @@ def _ranges(pattern: str) -> list[tuple[int, int, int]]:
     return ranges
 
 
-def expand(pattern: str) -> list[str]:
-    """All host names a pattern stands for, in order; raises HostPatternError."""
+def _expand_text(pattern: str, padded: bool = True) -> list[str]:
+    """Every string a pattern's ranges stand for, in order (not checked as names);
+    `padded`: a range's zero padding kept (host names), else dropped (addresses)."""
     ranges = _ranges(pattern)
     count = 1
     for start, end, _ in ranges:
@@ -56,12 +63,15 @@ def expand(pattern: str) -> list[str]:
         )
     pieces = _RANGE.split(pattern)[::2]  # the literal text around the ranges
     choices = [
-        [f"{n:0{width}d}" for n in range(start, end + 1)] for start, end, width in ranges
+        [f"{n:0{width if padded else 0}d}" for n in range(start, end + 1)] for start, end, width in ranges
     ]
-    names = []
-    for combo in itertools.product(*choices):
-        name = pieces[0] + "".join(part + tail for part, tail in zip(combo, pieces[1:]))
-        names.append(name)
+    return [pieces[0] + "".join(part + tail for part, tail in zip(combo, pieces[1:]))
+            for combo in itertools.product(*choices)]
+
+
+def expand(pattern: str) -> list[str]:
+    """All host names a pattern stands for, in order; raises HostPatternError."""
+    names = _expand_text(pattern)
     bad = next((n for n in names if not _HOSTNAME.match(n)), None)
     if bad is not None:
         raise HostPatternError(
@@ -100,3 +110,58 @@ def check(pattern: str) -> None:
             raise HostPatternError(
                 f"'{name}' is not a valid host name (lower-case letters, digits, '-' and '.')"
             )
+
+
+# --- Address patterns -----------------------------------------------------------
+
+_ADDRESS_CHARACTERS = re.compile(r"[0-9A-Fa-f:.\[\]]{2,80}\Z")
+
+
+def _address_error(pattern: str, value: str) -> str | None:
+    try:
+        address = ipaddress.ip_address(value)
+    except ValueError:
+        return f"'{value}' (from '{pattern}') is not an IP address" if value != pattern else (
+            f"'{pattern}' is not an IP address or an address range like 10.50.1.[11:74]")
+    # (Python refuses an IPv4 octet with a leading zero, 10.50.1.011, which
+    # some tools would read as octal.)
+    if address.version == 6 and "[" in pattern:
+        return f"'{pattern}': ranges are for IPv4 addresses; write each IPv6 address whole"
+    return None
+
+
+def check_addresses(pattern: str) -> None:
+    """Raise HostPatternError unless `pattern` is an address or an IPv4 range pattern.
+
+    Like `check`, without expanding: the first and last address stand for the
+    rest (every octet between them lies between theirs).
+    """
+    if not _ADDRESS_CHARACTERS.match(pattern):
+        raise HostPatternError(
+            f"'{pattern}' is not an IP address or an address range like 10.50.1.[11:74]")
+    if pattern.count("[") != pattern.count("]"):
+        raise HostPatternError(f"'{pattern}' has an unclosed '['")
+    ranges = _ranges(pattern)
+    if count(pattern) > MAX_HOSTS_PER_PATTERN:
+        raise HostPatternError(
+            f"'{pattern}' expands to {count(pattern)} addresses (more than {MAX_HOSTS_PER_PATTERN})")
+    pieces = _RANGE.split(pattern)[::2]
+    for pick in (0, 1):
+        values = [str((start, end)[pick]) for start, end, _ in ranges]
+        address = pieces[0] + "".join(v + tail for v, tail in zip(values, pieces[1:]))
+        error = _address_error(pattern, address)
+        if error:
+            raise HostPatternError(error)
+
+
+def expand_addresses(pattern: str) -> list[str]:
+    """Every address an address pattern stands for, in order; raises HostPatternError."""
+    check_addresses(pattern)
+    # Zero padding has no meaning in an address: 10.0.0.[08:10] is 10.0.0.8 ... 10.0.0.10.
+    addresses = []
+    for text in _expand_text(pattern, padded=False):
+        error = _address_error(pattern, text)
+        if error:
+            raise HostPatternError(error)
+        addresses.append(str(ipaddress.ip_address(text)))
+    return addresses

@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterator, Mapping
 
 from .containerd import containerd_error, pause_error
-from .hosts import expand
+from .hosts import expand, expand_addresses
 from .layout import MAX_ZONES, layout, network_too_small
 from .disks import DISK_TYPES, attach_floor_error, disk_types_for, etcd_iops_floor, machine_series
 from .gpu_catalog import (
@@ -80,6 +80,7 @@ def check_cluster(cluster: Cluster) -> list[Finding]:
         *_pod_network_backend(cluster),
         *_teams(cluster),
         *_rdma_resources(cluster),
+        *_host_addresses(cluster),
     ]
 
 
@@ -497,3 +498,65 @@ def check_fleet(clusters: Mapping[str, Cluster]) -> Iterator[tuple[str, tuple, s
                         yield name, ("nodePools", i, "hosts", j), f"host '{host}' is also in cluster '{other}'"
                         break
                     owner[host] = name
+    yield from _fleet_host_addresses(clusters)
+
+
+def _host_addresses(cluster: Cluster) -> Iterator[Finding]:
+    """A pool's addresses: one entry per hosts entry, expanding to as many
+    addresses as it has names, each inside the pool's site's networks and
+    given to one host only. The first problem of an entry is reported."""
+    owner: dict[str, str] = {}
+    for i, pool in enumerate(cluster.node_pools):
+        if not isinstance(pool, OnPremPool) or pool.addresses is None:
+            continue
+        here = ("nodePools", i, "addresses")
+        if len(pool.addresses) != len(pool.hosts):
+            yield here, (
+                f"{len(pool.addresses)} addresses entries for {len(pool.hosts)} hosts entries: "
+                "give one per hosts entry, in the same order (null for hosts reached by name)"
+            )
+            continue
+        site = cluster.site(pool.site)
+        networks = [ipaddress.ip_network(cidr) for cidr in site.cidrs] if site else []
+        for j, (names_pattern, pattern) in enumerate(zip(pool.hosts, pool.addresses)):
+            if pattern is None:
+                continue
+            names, addresses = expand(names_pattern), expand_addresses(pattern)
+            if len(names) != len(addresses):
+                yield (*here, j), (
+                    f"'{pattern}' expands to {len(addresses):,} addresses but hosts entry '{names_pattern}' to "
+                    f"{len(names):,} hosts: the ranges must expand to the same count "
+                    "(the n-th address is the n-th host's)"
+                )
+                continue
+            for name, address in zip(names, addresses):
+                if networks and not any(ipaddress.ip_address(address) in network for network in networks):
+                    yield (*here, j), (
+                        f"{address} ({name}) is not in site {site.name}'s networks ({', '.join(site.cidrs)})"
+                    )
+                    break
+                other = owner.get(address)
+                if other is not None:
+                    yield (*here, j), f"{address} ({name}) is already the address of {other}"
+                    break
+                owner[address] = name
+
+
+def _fleet_host_addresses(clusters: Mapping[str, Cluster]) -> Iterator[tuple[str, tuple, str]]:
+    """No address given to hosts of two clusters."""
+    owner: dict[str, tuple[str, str]] = {}
+    for name, cluster in clusters.items():
+        for i, pool in enumerate(cluster.node_pools):
+            if not isinstance(pool, OnPremPool):
+                continue
+            for j, (names_pattern, pattern) in enumerate(zip(pool.hosts, pool.addresses or [])):
+                if pattern is None:
+                    continue
+                for host, address in zip(expand(names_pattern), expand_addresses(pattern)):
+                    other = owner.get(address)
+                    if other is not None and other[0] != name:
+                        yield name, ("nodePools", i, "addresses", j), (
+                            f"{address} ({host}) is also the address of {other[1]} in cluster '{other[0]}'"
+                        )
+                        break
+                    owner[address] = (name, host)

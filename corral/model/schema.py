@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from functools import cached_property
+from pathlib import Path
 from typing import Annotated, Literal, Union
 
 from pydantic import (
@@ -21,6 +22,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -177,11 +179,37 @@ def check_private_cidr(value: str) -> str:
     return value
 
 
-def check_host_pattern(value: str) -> str:
+def _pattern_check(check):
+    """A field validator that runs one of hosts.py's pattern checks on the value."""
+
+    def validate(value: str) -> str:
+        try:
+            check(value)
+        except hostnames.HostPatternError as err:
+            raise ValueError(str(err)) from None
+        return value
+
+    return validate
+
+
+check_host_pattern = _pattern_check(hostnames.check)
+check_address_pattern = _pattern_check(hostnames.check_addresses)
+
+
+def check_host_or_address(value: str) -> str:
+    """One host, by DNS name or IP address (no ranges): a jump host."""
+    try:
+        ipaddress.ip_address(value)
+        return value
+    except ValueError:
+        pass
+    if "[" in value:
+        raise ValueError(f"{shown(value)}: a single host's name or address, not a range")
     try:
         hostnames.check(value)
-    except hostnames.HostPatternError as err:
-        raise ValueError(str(err)) from None
+    except hostnames.HostPatternError:
+        raise ValueError(f"{shown(value)} is neither an IP address nor a host name "
+                         "(lower-case letters, digits, '-' and '.')") from None
     return value
 
 
@@ -215,6 +243,12 @@ _CIDR_JSON_SCHEMA = {"type": "string", "pattern": _ecma(_CIDR_SHAPE.pattern)}
 Cidr = Annotated[str, AfterValidator(check_cidr), WithJsonSchema(_CIDR_JSON_SCHEMA)]
 PrivateCidr = Annotated[str, AfterValidator(check_private_cidr), WithJsonSchema(_CIDR_JSON_SCHEMA)]
 HostPattern = Annotated[str, AfterValidator(check_host_pattern)]
+AddressPattern = Annotated[
+    str, AfterValidator(check_address_pattern),
+    WithJsonSchema({"type": "string", "pattern": "^[0-9A-Fa-f:.\\[\\]]{2,80}$"}),
+]
+HostOrAddress = Annotated[str, AfterValidator(check_host_or_address),
+                          WithJsonSchema({"type": "string", "maxLength": 253})]
 KubernetesVersion = Annotated[
     str, AfterValidator(check_kubernetes_version),
     WithJsonSchema({"type": "string", "pattern": _ecma(_KUBERNETES_VERSION.pattern)}),
@@ -371,6 +405,42 @@ class ControlPlane(Spec):
     etcd: Etcd
 
 
+# --- How corral's controller reaches on-prem hosts (docs/onprem-hosts.md) -----
+# They become Ansible's connection variables (ansible-core's ssh connection
+# plugin: ansible_user, ansible_port, ansible_ssh_private_key_file,
+# ansible_ssh_common_args) and ssh options; every shape here keeps ssh option
+# syntax and shell metacharacters out.
+SshUser = strict_text(r"[a-z_][a-z0-9_-]{0,31}\Z", "a user name of lower-case letters, digits, '_' and '-'",
+                      32, "root, corral")
+# A path on the operator's machine, never the key itself (a key pasted here
+# would land in git); no leading '-', which ssh would read as an option.
+KeyFile = strict_text(r"[A-Za-z0-9_~./+][A-Za-z0-9_~./+-]*\Z",
+                      "a path to a private key file on the controller (letters, digits, '_', '~', '.', '/', "
+                      "'+', '-'), never the key itself", 255, "~/.ssh/corral_sf1")
+
+
+class JumpHost(Spec):
+    """A bastion the controller's ssh connects through (`ssh -W`), itself host-key checked."""
+
+    host: HostOrAddress
+    user: SshUser | None = Field(None, description="default: the hosts' ssh user")
+    port: int = Field(22, ge=1, le=65_535)
+
+
+class Ssh(Spec):
+    """ssh settings for a site's hosts; a pool's `ssh` overrides them key by key."""
+
+    user: SshUser | None = Field(None, description="default: Ansible's remote user (the operator's own)")
+    port: int | None = Field(None, ge=1, le=65_535, description="default: 22")
+    private_key_file: KeyFile | None = Field(None, description="path on the controller; default: ssh's own")
+    jump_host: JumpHost | None = None
+
+    def over(self, defaults: Ssh) -> Ssh:
+        """These settings, with what they leave out taken from `defaults`."""
+        return Ssh.model_validate({**defaults.model_dump(exclude_none=True),
+                                   **self.model_dump(exclude_none=True)})
+
+
 class Vpn(Spec):
     peer_address: ipaddress.IPv4Address
     bgp_asn: int = Field(ge=1, le=4_294_967_295, alias="bgpASN")
@@ -390,6 +460,8 @@ class Site(Spec):
     # proxy the nodes use for apt.
     apt_mirror: MirrorUrl | None = None
     http_proxy: ProxyUrl | None = None
+    # How the controller reaches the site's hosts (pools may override).
+    ssh: Ssh = Ssh()
 
 
 class Flannel(Spec):
@@ -610,11 +682,31 @@ class OnPremPool(PoolBase):
     provider: Literal["onprem"]
     site: Name
     hosts: list[HostPattern] = Field(min_length=1)
+    # Addresses for hosts without DNS: entry j gives the addresses of hosts
+    # entry j, in the same range syntax and count (`10.50.1.[11:74]` beside
+    # `gpu-[001:064].sf1.internal`); a null entry: those hosts by name.
+    addresses: list[AddressPattern | None] | None = Field(
+        None, description="one per hosts entry: its hosts' IP addresses (same count), or null to use names",
+    )
+    ssh: Ssh | None = Field(None, description="overrides the site's ssh settings key by key")
     roce: Roce | None = None
 
     @cached_property
     def host_names(self) -> list[str]:
         return [h for pattern in self.hosts for h in hostnames.expand(pattern)]
+
+    @cached_property
+    def host_addresses(self) -> dict[str, str]:
+        """Host name -> the address the controller connects to, for hosts given one.
+
+        Assumes the rules passed (each addresses entry expands to as many
+        addresses as its hosts entry has names).
+        """
+        pairs: dict[str, str] = {}
+        for names, addresses in zip(self.hosts, self.addresses or []):
+            if addresses is not None:
+                pairs.update(zip(hostnames.expand(names), hostnames.expand_addresses(addresses)))
+        return pairs
 
     @property
     def capacity(self) -> int:
@@ -651,6 +743,8 @@ class Cluster(Spec):
     node_pools: list[NodePool] = []
     health: Health = Health()
     monitoring: Monitoring = Monitoring()
+    # The file this cluster was read from (set by the loader; None when built in code).
+    _source_file: Path | None = PrivateAttr(None)
 
     @field_validator("node_pools")
     @classmethod
@@ -724,6 +818,22 @@ class Cluster(Spec):
     def vpn_site_names(self) -> list[str]:
         """Sites joined over a VPN: pod traffic to them crosses its tunnel."""
         return [s.name for s in self.sites if s.vpn]
+
+    @property
+    def source_file(self) -> Path | None:
+        return self._source_file
+
+    @property
+    def known_hosts_file(self) -> Path | None:
+        """The on-prem hosts' ssh host keys, reviewed and committed beside the
+        cluster file (`clusters/<name>.known_hosts`, written by `corral hosts trust`)."""
+        return self._source_file.with_suffix(".known_hosts") if self._source_file else None
+
+    def ssh_for(self, pool: OnPremPool) -> Ssh:
+        """The ssh settings of a pool's hosts: the pool's, then its site's."""
+        site = self.site(pool.site)
+        defaults = site.ssh if site else Ssh()
+        return pool.ssh.over(defaults) if pool.ssh else defaults
 
     def teams_reserving(self, pool_name: str) -> list[Team]:
         return [t for t in self.scheduling.teams if pool_name in t.reserved_pools]
