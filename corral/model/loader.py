@@ -138,6 +138,8 @@ def parse_document(doc: Document) -> Cluster:
         cluster = Cluster.model_validate(data)
     except ValidationError as err:
         raise ValidationFailed(_convert(doc, err)) from None
+    # Files kept beside the cluster file (its hosts' known keys) are found from it.
+    cluster._source_file = doc.path
     problems = [doc.problem(path, msg) for path, msg in rules.check_cluster(cluster)]
     if problems:
         raise ValidationFailed(problems)
