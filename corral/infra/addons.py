@@ -241,6 +241,13 @@ class Addons(pulumi.ComponentResource):
                     opts=on_cluster,
                 )
 
+        # Grafana's admin login (generated, secret): corral/infra/grafana_admin.py.
+        self.grafana_admin = None
+        if "monitoring" in self.groups:
+            from .grafana_admin import grafana_admin_secret
+
+            self.grafana_admin = grafana_admin_secret(name, on_cluster, self.groups["monitoring"])
+
         self.bootstrap_tokens: dict[str, k8s.core.v1.Secret] = {}
         if bootstrap_tokens:
             if token_rotation is None:
