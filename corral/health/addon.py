@@ -20,6 +20,7 @@ NAME = "corral-gpu-health"
 # Debian-based: the same Python as the nodes' own preflight runs under.
 IMAGE = "docker.io/library/python:3.11.10-slim-bookworm"
 INTERVAL_SECONDS = 30
+RESYNC_SECONDS = 3600
 HOST_COMMAND = ["nsenter", "--target", "1", "--mount", "--uts", "--ipc", "--net", "--pid", "--"]
 
 
@@ -53,6 +54,8 @@ def agent_config(cluster: Cluster) -> dict:
         "evict_on_fatal": health.evict_on_fatal,
         "verdict_path": preflight.VERDICT_PATH,
         "interval_seconds": INTERVAL_SECONDS,
+        # The watches' resync: one relist per node per hour (docs/scale.md).
+        "resync_seconds": RESYNC_SECONDS,
         "active": {"enabled": health.active.enabled, "interval_seconds": health.active.interval_hours * 3600,
                    "dcgm_level": health.active.dcgm_level},
         # DCGM and nccl-tests are host programs: run them in the host's

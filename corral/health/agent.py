@@ -3,7 +3,7 @@
 Standard library only; it runs as it is from a ConfigMap in a stock Python
 image, beside classify.py, with the node's kernel log, sysfs and the
 preflight verdict's folder mounted from the host (docs/gpu-health.md).
-Every `interval` seconds it:
+Every `interval_seconds` it runs its local checks (no API call):
 
 1. reads the preflight verdict (/var/lib/corral/health/preflight.json); on
    cloud GPU nodes, which have no Ansible run, it runs the pool's preflight
@@ -15,9 +15,17 @@ Every `interval` seconds it:
    nvidia-smi's memory state and GPU count, inactive NVLinks on NVSwitch
    pools, RoCE ports not ACTIVE. Kernel-log faults stick until the node
    reboots (kept in a state file keyed by boot id: the ring buffer wraps).
-3. writes the fault conditions and puts, changes or removes the
-   corral.dev/unhealthy taint (NoExecute for fatal faults when the cluster
-   file says so, NoSchedule otherwise), with an event when it changes.
+
+It knows its Node (and, with active checks on, the pods bound to it) from a
+watch, never by asking again (docs/scale.md: at 7,500 nodes a GET every 30 s
+is 250 requests a second): one list, then a watch with bookmarks resumed
+from the last resourceVersion, a relist only on 410 Gone or at a jittered
+resync (one relist per node per hour). Whenever its checks or the Node
+change it compares what the Node should say with what it says, and writes
+only the difference: the fault conditions (heartbeat times ignored) and the
+corral.dev/unhealthy taint (NoExecute for fatal faults when the cluster file
+says so, NoSchedule otherwise). Events are aggregated and rate-limited per
+node as client-go's EventCorrelator does.
 
 It talks to the API server with its service account over HTTPS, patching
 only its own node: a ValidatingAdmissionPolicy holds it to that node and to
@@ -29,10 +37,13 @@ from __future__ import annotations
 import errno
 import json
 import os
+import queue
+import random
 import shutil
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -50,8 +61,9 @@ SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 # --- the decisions (pure) -------------------------------------------------
 
 
-def now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+def now(epoch: float | None = None) -> str:
+    moment = datetime.now(timezone.utc) if epoch is None else datetime.fromtimestamp(epoch, timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def current_verdict(verdict: dict | None, boot_id: str | None) -> dict | None:
@@ -276,139 +288,439 @@ def observe_faults(config: dict, pool: dict, state: dict | None, boot_id: str) -
     return state, faults
 
 
+# --- time (the benchmark and the load test pass a simulated clock) -------------
+
+
+class SystemClock:
+    """Real time and real threads: what the agent runs on in its pod.
+
+    The seam exists so that benchmarks/bench_api_load.py and
+    tests/health/test_agent_load.py run this same code through simulated
+    hours (tests/health/simclock.py); nothing here changes with it.
+    """
+
+    monotonic = staticmethod(time.monotonic)
+    sleep = staticmethod(time.sleep)
+    time = staticmethod(time.time)    # last: the name shadows the module in this class body
+
+    @staticmethod
+    def queue() -> queue.Queue:
+        return queue.Queue()
+
+    @staticmethod
+    def spawn(target) -> None:
+        threading.Thread(target=target, daemon=True).start()
+
+    @staticmethod
+    def blocking(read):
+        """A read that waits on the API server (a watch stream's next line)."""
+        return read()
+
+
+# --- the API server ---------------------------------------------------------------
+
+
 class Api:
     """The API server, as this pod's service account."""
 
-    def __init__(self) -> None:
-        host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
-        self.base = f"https://{host}:{port}"
-        self.context = ssl.create_default_context(cafile=f"{SA_DIR}/ca.crt")
+    def __init__(self, base: str | None = None, sa_dir: str = SA_DIR, user_agent: str = "corral-gpu-health") -> None:
+        if base is None:
+            base = f"https://{os.environ['KUBERNETES_SERVICE_HOST']}:{os.environ['KUBERNETES_SERVICE_PORT']}"
+        self.base, self.sa_dir, self.user_agent = base, sa_dir, user_agent
+        self.context = ssl.create_default_context(cafile=f"{sa_dir}/ca.crt")
 
-    def call(self, method: str, path: str, body=None, content_type: str = "application/json") -> dict:
-        with open(f"{SA_DIR}/token") as fh:  # re-read: projected tokens rotate
+    def open(self, method: str, path: str, body=None, content_type: str = "application/json", timeout: float = 30):
+        with open(f"{self.sa_dir}/token") as fh:  # re-read: projected tokens rotate
             token = fh.read().strip()
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self.base + path, data=data, method=method, headers={
-            "Authorization": f"Bearer {token}", "Content-Type": content_type, "Accept": "application/json"})
-        with urllib.request.urlopen(request, context=self.context, timeout=30) as response:
+            "Authorization": f"Bearer {token}", "Content-Type": content_type, "Accept": "application/json",
+            # The API server's audit log and priority-and-fairness see who asks.
+            "User-Agent": self.user_agent})
+        return urllib.request.urlopen(request, context=self.context, timeout=timeout)
+
+    def call(self, method: str, path: str, body=None, content_type: str = "application/json") -> dict:
+        with self.open(method, path, body, content_type) as response:
             return json.loads(response.read() or b"{}")
 
+    def stream(self, path: str, timeout: float):
+        """A watch: the response, read line by line (one JSON watch event a line)."""
+        return self.open("GET", path, timeout=timeout)
 
-def patch_taints(api: Api, node: dict, taints: list) -> None:
-    # JSON patch with a resourceVersion test: no lost update against the
-    # node lifecycle controller or an admin's `kubectl taint`.
-    api.call("PATCH", f"/api/v1/nodes/{node['metadata']['name']}", [
+
+def patch_taints(api: Api, node: dict, taints: list) -> dict:
+    """The node after the patch. JSON patch with a resourceVersion test: no lost
+    update against the node lifecycle controller or an admin's `kubectl taint`."""
+    return api.call("PATCH", f"/api/v1/nodes/{node['metadata']['name']}", [
         {"op": "test", "path": "/metadata/resourceVersion", "value": node["metadata"]["resourceVersion"]},
         {"op": "add", "path": "/spec/taints", "value": taints},
     ], "application/json-patch+json")
 
 
-def apply(api: Api, node: dict, update: dict, stamp: str) -> None:
-    name = node["metadata"]["name"]
-    if update["taints"] is not None:
-        patch_taints(api, node, update["taints"])
-    api.call("PATCH", f"/api/v1/nodes/{name}/status", {"status": {"conditions": update["conditions"]}},
-             "application/strategic-merge-patch+json")
-    post_events(api, name, update["events"], stamp)
+def conditions_differ(node: dict, conditions: list) -> bool:
+    """Whether writing `conditions` would change the node, heartbeat times aside
+    (a heartbeat alone is a write to etcd on every node every round)."""
+    old = {c.get("type"): c for c in node.get("status", {}).get("conditions") or []}
+    fields = ("status", "reason", "message", "lastTransitionTime")
+    return any(tuple(old.get(c["type"], {}).get(f) for f in fields) != tuple(c.get(f) for f in fields)
+               for c in conditions)
 
 
-def post_events(api: Api, name: str, events: list, stamp: str) -> None:
-    for kind, reason, message in events:
-        api.call("POST", "/api/v1/namespaces/default/events", {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{name}.corral-gpu-health.", "namespace": "default"},
-            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": name, "uid": name},
-            "type": kind, "reason": reason, "message": message[:1024], "source": {"component": "corral-gpu-health",
-                                                                                 "host": name},
-            "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
-        })
+# Kubernetes' own event correlator (client-go tools/record/events_cache.go):
+# the same event within 10 minutes is one Event whose count goes up; a
+# source may send 25 events about an object at once, then one per 5 minutes.
+EVENT_AGGREGATE_SECONDS = 600
+EVENT_BURST = 25
+EVENT_REFILL_SECONDS = 300
 
 
-def once(api: Api, config: dict, node_name: str) -> None:
-    node = api.call("GET", f"/api/v1/nodes/{node_name}")
-    pool_name = node["metadata"].get("labels", {}).get(POOL_LABEL)
-    pool = config["pools"].get(pool_name)
-    if pool is None:
-        return  # not a GPU pool corral knows: nothing to check
-    boot_id = (read_text("/proc/sys/kernel/random/boot_id") or "").strip()
-    verdict_path = config["verdict_path"]
-    verdict = current_verdict(read_json(verdict_path), boot_id)
-    if verdict is None and pool.get("run_preflight") and pool.get("preflight_script"):
-        # Cloud nodes: no Ansible run, so the agent runs the pool's preflight.
-        subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                     pool["preflight_script"]), "--verdict", verdict_path],
-                       capture_output=True, timeout=900, check=False)
-        verdict = current_verdict(read_json(verdict_path), boot_id)
-    state_path = os.path.join(os.path.dirname(verdict_path), "faults.json")
-    state, faults = observe_faults(config, pool, read_json(state_path), boot_id)
-    write_json(state_path, state)
-    active_path = os.path.join(os.path.dirname(verdict_path), "active.json")
-    active = read_json(active_path)
-    faults += active_faults_of_boot(active, boot_id)
-    faults.sort(key=lambda f: f.severity != classify.FATAL)
-    stamp = now()
-    update = plan(node, verdict, faults, config["evict_on_fatal"], stamp)
-    apply(api, node, update, stamp)
-    if not faults and verdict is not None and verdict.get("passed"):
-        active_check(api, config, pool, node_name, active, active_path, boot_id)
+class EventRecorder:
+    """This node's events: repeats become count++ on the Event already written
+    (PATCH), and a token bucket per node caps a flapping fault's events."""
+
+    def __init__(self, api: Api, node_name: str, clock) -> None:
+        self.api, self.node_name, self.clock = api, node_name, clock
+        self.tokens, self.refilled = float(EVENT_BURST), clock.monotonic()
+        self.recent: dict[tuple[str, str, str], dict] = {}
+
+    def _take_token(self) -> bool:
+        now = self.clock.monotonic()
+        self.tokens = min(EVENT_BURST, self.tokens + (now - self.refilled) / EVENT_REFILL_SECONDS)
+        self.refilled = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+    def emit(self, events: list) -> None:
+        for kind, reason, message in events:
+            if not self._take_token():
+                print(f"corral-gpu-health: event rate limit: dropped {reason}", file=sys.stderr, flush=True)
+                continue
+            key, moment, stamp = (kind, reason, message[:1024]), self.clock.monotonic(), now(self.clock.time())
+            seen = self.recent.get(key)
+            if seen and moment - seen["at"] < EVENT_AGGREGATE_SECONDS:
+                seen["count"] += 1
+                seen["at"] = moment
+                self.api.call("PATCH", f"/api/v1/namespaces/default/events/{seen['name']}",
+                              {"count": seen["count"], "lastTimestamp": stamp},
+                              "application/strategic-merge-patch+json")
+                continue
+            written = self.api.call("POST", "/api/v1/namespaces/default/events", {
+                "apiVersion": "v1", "kind": "Event",
+                "metadata": {"generateName": f"{self.node_name}.corral-gpu-health.", "namespace": "default"},
+                "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": self.node_name},
+                "type": kind, "reason": reason, "message": key[2],
+                "source": {"component": "corral-gpu-health", "host": self.node_name},
+                "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+            })
+            name = (written.get("metadata") or {}).get("name")
+            self.recent = {k: v for k, v in self.recent.items() if moment - v["at"] < EVENT_AGGREGATE_SECONDS}
+            if name:
+                self.recent[key] = {"name": name, "count": 1, "at": moment}
 
 
-def node_pods(api: Api, node_name: str) -> list:
-    return api.call("GET", f"/api/v1/pods?fieldSelector=spec.nodeName%3D{node_name}").get("items", [])
+# client-go's reflector: watches end after 5 to 10 minutes (minWatchTimeout,
+# tools/cache/reflector.go) so API servers' watchers spread out.
+WATCH_TIMEOUT_SECONDS = (300, 600)
+RETRY_SECONDS = (1, 30)
 
 
-def active_check(api: Api, config: dict, pool: dict, node_name: str, state: dict | None, state_path: str,
-                 boot_id: str) -> None:
-    """The GPU burn and NCCL all-reduce on an idle node, fenced by the preflight taint while they run."""
-    settings = config.get("active") or {}
-    node = api.call("GET", f"/api/v1/nodes/{node_name}")
-    due, _ = active_check_due(node, node_pods(api, node_name), state, time.time(), settings)
-    if not due:
-        return
-    # No GPU pod may land while the GPUs burn: the preflight taint (one of
-    # the two the agent may set) fences the node for the test's minutes.
-    taints = list(node.get("spec", {}).get("taints") or [])
-    fence = {"key": PREFLIGHT_TAINT, "value": "active-check", "effect": "NoSchedule", "timeAdded": now()}
-    patch_taints(api, node, taints + [fence])
-    try:
-        if classify.gpu_pods(node_pods(api, node_name)):
-            return  # a GPU pod was bound between the look and the fence: leave it be
-        diag = run_on_host(config, ["dcgmi", "diag", "-r", str(settings["dcgm_level"]), "-j"], timeout=1800)
-        nccl = run_on_host(config, pool["nccl_command"], timeout=900) if pool.get("nccl_command") else None
-        faults = classify.active_faults(diag, nccl, pool.get("nccl_min_bus_gbps"))
-        write_json(state_path, active_state(state, boot_id, time.time(), faults))
-        ran = [name for name, result in (("dcgmi diag", diag), ("all_reduce_perf", nccl)) if result is not None]
-        if faults:
-            event = ("Warning", "GPUActiveCheckFailed", faults[0].message)
-        elif ran:
-            event = ("Normal", "GPUActiveCheckPassed", f"{' and '.join(ran)} passed on an idle node")
+class Watch:
+    """One kind of object of this node, listed once and then watched (an informer
+    in miniature, in its own thread): the API server tells the agent what
+    changes; the agent does not ask again.
+
+    List with resourceVersion=0 (the API server's watch cache, not etcd),
+    watch from the list's resourceVersion with bookmarks (the API server
+    moves the resourceVersion on about once a minute, so a quiet node's
+    watch resumes where it was instead of relisting), resume after each
+    watch's timeout. Relist only on 410 Gone (consistent, from etcd: the
+    cache may be behind what was seen) or at the resync, from the cache
+    no older than what was seen (resourceVersionMatch=NotOlderThan).
+    API semantics: kubernetes/website api-concepts.md ("Efficient detection
+    of changes", "Watch bookmarks", "Semantics for get and list").
+    """
+
+    def __init__(self, agent: "Agent", kind: str, path: str, selector: str, resync_at: float,
+                 resync_seconds: float) -> None:
+        self.agent, self.kind, self.path, self.selector = agent, kind, path, selector
+        self.resync_at, self.resync_seconds = resync_at, resync_seconds
+        self.rv: str | None = None
+        self.gone = False
+
+    def _list(self) -> None:
+        clock, query = self.agent.clock, f"fieldSelector={self.selector}"
+        if self.gone:
+            query += "&resourceVersion="            # 410: a consistent read
+        elif self.rv is None:
+            query += "&resourceVersion=0"           # first list: the watch cache
         else:
-            event = ("Normal", "GPUActiveCheckSkipped", "neither dcgmi nor all_reduce_perf is installed on the host")
-        post_events(api, node_name, [event], now())
-    finally:
-        # Lift the fence; a failure is tainted corral.dev/unhealthy by the next round.
-        node = api.call("GET", f"/api/v1/nodes/{node_name}")
-        left = [t for t in node.get("spec", {}).get("taints") or []
-                if not (t.get("key") == PREFLIGHT_TAINT and t.get("value") == "active-check")]
-        if len(left) != len(node.get("spec", {}).get("taints") or []):
-            patch_taints(api, node, left)
+            query += f"&resourceVersion={self.rv}&resourceVersionMatch=NotOlderThan"
+        answer = self.agent.api.call("GET", f"{self.path}?{query}")
+        self.rv, self.gone = answer["metadata"]["resourceVersion"], False
+        while self.resync_at <= clock.monotonic():
+            self.resync_at += self.resync_seconds
+        self.agent.inbox.put(("sync", self.kind, answer.get("items") or []))
+
+    def _watch(self) -> None:
+        clock = self.agent.clock
+        timeout = min(self.agent.rng.uniform(*WATCH_TIMEOUT_SECONDS), self.resync_at - clock.monotonic())
+        query = (f"fieldSelector={self.selector}&watch=1&allowWatchBookmarks=true&resourceVersion={self.rv}"
+                 f"&timeoutSeconds={max(1, int(timeout))}")
+        response = self.agent.api.stream(f"{self.path}?{query}", timeout=max(1, int(timeout)) + 60)
+        with response:
+            while True:   # read to the end, also after an ERROR: the server closes the stream
+                line = clock.blocking(response.readline)
+                if not line:
+                    return
+                event = json.loads(line)
+                obj = event.get("object") or {}
+                if event.get("type") == "ERROR":
+                    self.gone = obj.get("code") == 410
+                    self.rv = None if self.gone else self.rv
+                    continue
+                self.rv = obj.get("metadata", {}).get("resourceVersion", self.rv)
+                if event.get("type") != "BOOKMARK":
+                    self.agent.inbox.put(("event", self.kind, event["type"], obj))
+
+    def run(self) -> None:
+        clock, failures = self.agent.clock, 0
+        while not self.agent.stopped:
+            try:
+                if self.rv is None or clock.monotonic() >= self.resync_at:
+                    self._list()
+                self._watch()
+                failures = 0
+            except (urllib.error.URLError, OSError, ValueError, KeyError) as err:
+                failures += 1
+                print(f"corral-gpu-health: {self.kind} watch: {type(err).__name__}: {err}", file=sys.stderr,
+                      flush=True)
+                if self.agent.stopped:
+                    return
+                # Backed off and jittered: a restarted API server is not met by every node at once.
+                clock.sleep(self.agent.rng.uniform(RETRY_SECONDS[0], min(RETRY_SECONDS[1], 2 ** failures)))
+
+
+STOP = ("stop",)
+
+
+class Agent:
+    """The agent's state: its Node and pods as the watches tell, its local checks' last result."""
+
+    def __init__(self, api: Api, config: dict, node_name: str, clock=SystemClock, rng: random.Random | None = None):
+        self.api, self.config, self.node_name, self.clock = api, config, node_name, clock
+        self.rng = rng or random.Random()
+        self.inbox = clock.queue()
+        self.node: dict | None = None
+        self.pods: dict[str, dict] = {}
+        self.pods_synced = False
+        self.local: tuple | None = None          # (pool, boot_id, verdict, faults, active state, its path)
+        self.awaiting_rv: str | None = None       # our last write, until the watch shows it
+        self.awaiting_since = 0.0
+        self.events = EventRecorder(api, node_name, clock)
+        self.stopped = False
+
+    # -- what the watches say --------------------------------------------------------
+
+    def take(self, item: tuple) -> None:
+        if item[0] == "sync":
+            _, kind, items = item
+            if kind == "node":
+                self.node = items[0] if items else None
+                self.awaiting_rv = None
+            else:
+                self.pods = {self._pod_key(p): p for p in items}
+                self.pods_synced = True
+            return
+        _, kind, event_type, obj = item
+        if kind == "node":
+            self.node = None if event_type == "DELETED" else obj
+            if self.awaiting_rv and obj.get("metadata", {}).get("resourceVersion") == self.awaiting_rv:
+                self.awaiting_rv = None
+        elif event_type == "DELETED":
+            self.pods.pop(self._pod_key(obj), None)
+        else:
+            self.pods[self._pod_key(obj)] = obj
+
+    @staticmethod
+    def _pod_key(pod: dict) -> str:
+        return f"{pod['metadata'].get('namespace')}/{pod['metadata']['name']}"
+
+    def _wrote(self, node: dict) -> None:
+        """The API server's answer to our write is the node as it now is; its
+        watch event follows, and until it does older events must not make
+        the agent write again."""
+        if node.get("metadata"):
+            self.node = node
+            self.awaiting_rv, self.awaiting_since = node["metadata"].get("resourceVersion"), self.clock.monotonic()
+
+    # -- local checks (no API call) ----------------------------------------------------
+
+    def observe(self) -> None:
+        config = self.config
+        pool = config["pools"].get((self.node["metadata"].get("labels") or {}).get(POOL_LABEL))
+        if pool is None:
+            self.local = None
+            return  # not a GPU pool corral knows: nothing to check
+        boot_id = (read_text(config.get("boot_id_path", "/proc/sys/kernel/random/boot_id")) or "").strip()
+        verdict_path = config["verdict_path"]
+        verdict = current_verdict(read_json(verdict_path), boot_id)
+        if verdict is None and pool.get("run_preflight") and pool.get("preflight_script"):
+            # Cloud nodes: no Ansible run, so the agent runs the pool's preflight.
+            subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                         pool["preflight_script"]), "--verdict", verdict_path],
+                           capture_output=True, timeout=900, check=False)
+            verdict = current_verdict(read_json(verdict_path), boot_id)
+        state_path = os.path.join(os.path.dirname(verdict_path), "faults.json")
+        old_state = read_json(state_path)
+        state, faults = observe_faults(config, pool, old_state, boot_id)
+        if state != old_state:
+            write_json(state_path, state)
+        active_path = os.path.join(os.path.dirname(verdict_path), "active.json")
+        active = read_json(active_path)
+        faults += active_faults_of_boot(active, boot_id)
+        faults.sort(key=lambda f: f.severity != classify.FATAL)
+        self.local = (pool, boot_id, verdict, faults, active, active_path)
+
+    # -- writes, only of a difference -------------------------------------------------------
+
+    def reconcile(self) -> None:
+        if self.node is None or self.local is None:
+            return
+        if self.awaiting_rv and self.clock.monotonic() - self.awaiting_since < 2 * self.config["interval_seconds"]:
+            return
+        self.awaiting_rv = None
+        pool, boot_id, verdict, faults, active, active_path = self.local
+        stamp = now(self.clock.time())
+        update = plan(self.node, verdict, faults, self.config["evict_on_fatal"], stamp)
+        if update["taints"] is not None:
+            self._wrote(patch_taints(self.api, self.node, update["taints"]))
+        if conditions_differ(self.node, update["conditions"]):
+            self._wrote(self.api.call("PATCH", f"/api/v1/nodes/{self.node_name}/status",
+                                      {"status": {"conditions": update["conditions"]}},
+                                      "application/strategic-merge-patch+json"))
+        self.events.emit(update["events"])
+        if not faults and verdict is not None and verdict.get("passed") and self.pods_synced:
+            self.active_check(pool, active, active_path, boot_id)
+
+    def list_pods(self, consistent: bool) -> list:
+        query = f"fieldSelector=spec.nodeName%3D{self.node_name}" + ("" if consistent else "&resourceVersion=0")
+        return self.api.call("GET", f"/api/v1/pods?{query}").get("items", [])
+
+    def active_check(self, pool: dict, state: dict | None, state_path: str, boot_id: str) -> None:
+        """The GPU burn and NCCL all-reduce on an idle node, fenced by the preflight taint while they run."""
+        settings = self.config.get("active") or {}
+        due, _ = active_check_due(self.node, list(self.pods.values()), state, self.clock.time(), settings)
+        if not due:
+            return
+        # No GPU pod may land while the GPUs burn: the preflight taint (one of
+        # the two the agent may set) fences the node for the test's minutes.
+        taints = list(self.node.get("spec", {}).get("taints") or [])
+        fence = {"key": PREFLIGHT_TAINT, "value": "active-check", "effect": "NoSchedule",
+                 "timeAdded": now(self.clock.time())}
+        self._wrote(patch_taints(self.api, self.node, taints + [fence]))
+        try:
+            # A pod bound before the fence landed may not have reached the
+            # watch yet: once a day, one consistent read of the node's pods.
+            if classify.gpu_pods(self.list_pods(consistent=True)):
+                return  # a GPU pod was bound between the look and the fence: leave it be
+            diag = run_on_host(self.config, ["dcgmi", "diag", "-r", str(settings["dcgm_level"]), "-j"], timeout=1800)
+            nccl = run_on_host(self.config, pool["nccl_command"], timeout=900) if pool.get("nccl_command") else None
+            faults = classify.active_faults(diag, nccl, pool.get("nccl_min_bus_gbps"))
+            write_json(state_path, active_state(state, boot_id, self.clock.time(), faults))
+            ran = [name for name, result in (("dcgmi diag", diag), ("all_reduce_perf", nccl)) if result is not None]
+            if faults:
+                event = ("Warning", "GPUActiveCheckFailed", faults[0].message)
+            elif ran:
+                event = ("Normal", "GPUActiveCheckPassed", f"{' and '.join(ran)} passed on an idle node")
+            else:
+                event = ("Normal", "GPUActiveCheckSkipped", "neither dcgmi nor all_reduce_perf is installed on the host")
+            self.events.emit([event])
+        finally:
+            # Lift the fence from the node as it is now (minutes passed: one
+            # consistent read); a failure is tainted corral.dev/unhealthy next.
+            node = self.api.call("GET", f"/api/v1/nodes/{self.node_name}")
+            left = [t for t in node.get("spec", {}).get("taints") or []
+                    if not (t.get("key") == PREFLIGHT_TAINT and t.get("value") == "active-check")]
+            if len(left) != len(node.get("spec", {}).get("taints") or []):
+                self._wrote(patch_taints(self.api, node, left))
+            # What changed meanwhile (the check's state file) is looked at now, not in a round.
+            self.observe()
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def start_watches(self) -> None:
+        resync = float(self.config.get("resync_seconds", 3600))
+        selectors = [("node", "/api/v1/nodes", f"metadata.name%3D{self.node_name}")]
+        if (self.config.get("active") or {}).get("enabled"):
+            selectors.append(("pods", "/api/v1/pods", f"spec.nodeName%3D{self.node_name}"))
+        # One relist per node per resync period, the watches taking turns; the
+        # first at a random point of the period, so a DaemonSet rollout's
+        # agents never resync together.
+        first = self.clock.monotonic() + self.rng.uniform(0, resync)
+        for turn, (kind, path, selector) in enumerate(selectors):
+            watch = Watch(self, kind, path, selector, first + turn * resync, resync * len(selectors))
+            self.clock.spawn(watch.run)
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.inbox.put(STOP)
+
+    def run(self) -> None:
+        self.start_watches()
+        interval, next_check = self.config["interval_seconds"], self.clock.monotonic()
+        while True:
+            # Until the node is listed there is nothing to check it against.
+            timeout = None if self.node is None else max(0.0, next_check - self.clock.monotonic())
+            try:
+                item = self.inbox.get(timeout=timeout)
+            except queue.Empty:
+                item = None
+            while item is not None:
+                if item == STOP:
+                    return
+                self.take(item)
+                try:
+                    item = self.inbox.get_nowait()
+                except queue.Empty:
+                    item = None
+            try:
+                if self.node is not None and self.clock.monotonic() >= next_check:
+                    self.observe()
+                    next_check = self.clock.monotonic() + interval
+                self.reconcile()
+            except (urllib.error.URLError, OSError, ValueError, KeyError) as err:
+                # 409 from a resourceVersion race, an API server away: the next
+                # change or round tries again.
+                print(f"corral-gpu-health: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+
+
+def once(api: Api, config: dict, node_name: str, clock=SystemClock) -> None:
+    """One round from fresh reads (`--once`: debugging, tests): the same decisions and writes as the loop."""
+    agent = Agent(api, config, node_name, clock)
+    agent.node = api.call("GET", f"/api/v1/nodes/{node_name}")
+    if (config.get("active") or {}).get("enabled"):
+        agent.pods = {agent._pod_key(p): p for p in agent.list_pods(consistent=True)}
+        agent.pods_synced = True
+    agent.observe()
+    agent.reconcile()
 
 
 def main(argv: list[str]) -> int:
     config = json.load(open(os.environ.get("CORRAL_HEALTH_CONFIG",
                                            os.path.join(os.path.dirname(os.path.abspath(__file__)), "config.json"))))
-    api, node_name = Api(), os.environ["NODE_NAME"]
-    while True:
+    node_name = os.environ["NODE_NAME"]
+    api = Api(user_agent=f"corral-gpu-health/{node_name}")
+    if argv[1:] == ["--once"]:  # one round (debugging, tests)
         try:
             once(api, config, node_name)
-            if argv[1:] == ["--once"]:  # one round (debugging, tests)
-                return 0
+            return 0
         except (urllib.error.URLError, OSError, ValueError, KeyError) as err:
-            # 409/422 from a resourceVersion race, an API server away: try again next round.
             print(f"corral-gpu-health: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
-            if argv[1:] == ["--once"]:
-                return 1
-        time.sleep(config["interval_seconds"])
+            return 1
+    Agent(api, config, node_name).run()
+    return 0
 
 
 if __name__ == "__main__":
