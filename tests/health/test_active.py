@@ -124,7 +124,7 @@ class fake_api:  # noqa: N801  (a stand-in for the API server, at the HTTP bound
         else:
             raise AssertionError(f"unexpected {method} {path}")
         self.node["metadata"]["resourceVersion"] = str(int(self.node["metadata"]["resourceVersion"]) + 1)
-        return {}
+        return copy.deepcopy(self.node)     # the API server answers a PATCH with the object as it now is
 
 
 @pytest.fixture
@@ -204,8 +204,8 @@ def test_the_addon_gives_the_agent_what_active_checks_need_and_no_more():
     gpu_health = next(a for a in render_addons(cluster("jaguar")) if a.name == "gpu-health")
     objects = {f"{o['kind']}/{o['metadata']['name']}": o for o in gpu_health.objects}
     rules = objects["ClusterRole/corral-gpu-health"]["rules"]
-    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]} in rules
-    assert not any("pods" in r["resources"] and set(r["verbs"]) - {"list"} for r in rules)
+    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]} in rules   # read-only
+    assert not any("pods" in r["resources"] and set(r["verbs"]) - {"list", "watch"} for r in rules)
     spec = objects["DaemonSet/corral-gpu-health"]["spec"]["template"]["spec"]
     assert spec["hostPID"] is True     # nsenter --target 1 reaches the host's DCGM and nccl-tests
     config = json.loads(objects["ConfigMap/corral-gpu-health"]["data"]["config.json"])
