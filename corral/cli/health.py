@@ -31,6 +31,10 @@ def health(
     extra_vars: Annotated[Optional[list[Path]], typer.Option(
         "--extra-vars", "-e", help="Variables file for the reboot playbook (repeatable), e.g. "
                                    "corral_remediate_healthy_timeout.", exists=True, dir_okay=False)] = None,
+    outputs: Annotated[Optional[Path], typer.Option(
+        "--outputs", help="The stack outputs as a JSON file (as `corral join --outputs`); cloud replacements "
+                          "read nodeGroups from it. Default: `pulumi stack output nodeGroups`.",
+        dir_okay=False)] = None,
 ) -> None:
     """GPU nodes that are unhealthy or still behind their preflight, with the reasons the health agent gave."""
     from corral.health.kube import HealthError, Kubectl
@@ -60,14 +64,32 @@ def health(
             fail("--check goes with --remediate")
         return
     plan = plan_remediation(cluster, nodes)
-    provider_ids = {n.name: n.provider_id for n in nodes}
-    _print_plan(cluster, plan, provider_ids, check)
+    # Every Node's claim, not only the unhealthy ones': two Nodes naming one instance are refused.
+    provider_ids = {n["metadata"]["name"]: (n.get("spec") or {}).get("providerID", "") for n in raw}
+    node_groups = _node_groups(cluster, plan, outputs)
+    _print_plan(cluster, plan, provider_ids, node_groups, check)
     if check or not plan.batches:
         return
-    _execute(cluster, plan, kubectl, provider_ids, runs_dir, extra_vars or [])
+    if isinstance(node_groups, HealthError):
+        fail(f"cloud instances are replaced only once verified against the stack output nodeGroups: {node_groups}")
+    _execute(cluster, plan, kubectl, provider_ids, node_groups, runs_dir, extra_vars or [])
 
 
-def _print_plan(cluster, plan, provider_ids: dict[str, str], check: bool) -> None:
+def _node_groups(cluster, plan, outputs: Optional[Path]):
+    """The stack output nodeGroups when a batch replaces cloud instances (else None); the
+    HealthError that says why it could not be read, for --check to show."""
+    from corral.health.instances import read_node_groups
+    from corral.health.kube import HealthError
+
+    if not any(batch.action == "replace" for batch in plan.batches):
+        return None
+    try:
+        return read_node_groups(cluster.name, outputs)
+    except HealthError as error:
+        return error
+
+
+def _print_plan(cluster, plan, provider_ids: dict[str, str], node_groups, check: bool) -> None:
     from corral.health.remediate import steps
 
     policy = cluster.health.remediation
@@ -77,7 +99,7 @@ def _print_plan(cluster, plan, provider_ids: dict[str, str], check: bool) -> Non
     for number, batch in enumerate(plan.batches, start=1):
         out.print(f"batch {number}: {batch.action} {', '.join(batch.nodes)} (pool {batch.pool}, "
                   f"budget {plan.budgets[batch.pool]})", markup=False)
-        for step in steps(cluster, batch, provider_ids):
+        for step in steps(cluster, batch, provider_ids, node_groups):
             out.print(f"  {step}", markup=False)
     for pool, held in plan.held.items():
         why = "policy none" if pool not in plan.budgets else "no budget left: nodes already out of service"
@@ -88,7 +110,7 @@ def _print_plan(cluster, plan, provider_ids: dict[str, str], check: bool) -> Non
         out.print("nothing to remediate", markup=False)
 
 
-def _execute(cluster, plan, kubectl, provider_ids: dict[str, str], runs_dir: Optional[Path],
+def _execute(cluster, plan, kubectl, provider_ids: dict[str, str], node_groups, runs_dir: Optional[Path],
              extra_vars: list[Path]) -> None:
     from corral.health.kube import HealthError
     from corral.health.remediate import AnsibleReboot, execute
@@ -99,7 +121,7 @@ def _execute(cluster, plan, kubectl, provider_ids: dict[str, str], runs_dir: Opt
             if any(b.action == "reboot" for b in plan.batches) else None
         report = execute(cluster, plan, kubectl, provider_ids, runner,
                          on_batch=lambda n, b: err.print(f"running batch {n}: {b.action} {', '.join(b.nodes)}",
-                                                         markup=False))
+                                                         markup=False), node_groups=node_groups)
     except (HealthError, JoinError) as error:
         fail(str(error))
     for outcome in report.outcomes:

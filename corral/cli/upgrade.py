@@ -56,6 +56,10 @@ def upgrade(
         help="Cloud GPU nodes of a pool drained and replaced at once.", min=1)] = 1,
     replacement_timeout: Annotated[float, typer.Option(
         help="Seconds a cloud GPU batch's replacements may take to turn Ready.", min=1)] = 1800,
+    outputs: Annotated[Optional[Path], typer.Option(
+        "--outputs", help="The stack outputs as a JSON file (as `corral join --outputs`): cloud GPU nodes' "
+                          "instances are verified against its nodeGroups before they are replaced. Default: "
+                          "`pulumi stack output nodeGroups`.", dir_okay=False)] = None,
     renew_certs: Annotated[bool, typer.Option(
         "--renew-certs", help="Instead of an upgrade: renew the API servers' kubeadm certificates by replacing, "
                               "one at a time behind the gates, the machines whose certificate is due.")] = False,
@@ -120,7 +124,7 @@ def upgrade(
     if gpu_pools and state.api_server >= target:
         # (before the control plane has moved, replacements would boot a kubelet newer than it)
         _roll_cloud_gpu(cluster, access, target, cloud_gpu_batch, max_fail_percentage, replacement_timeout,
-                        check=True)
+                        outputs, check=True)
     if check:
         return
     if any(step.phase == "control-plane" for step in plan.steps):
@@ -136,7 +140,7 @@ def upgrade(
                  "no node is upgraded before it runs the target")
     if gpu_pools:
         _roll_cloud_gpu(cluster, access, target, cloud_gpu_batch, max_fail_percentage, replacement_timeout,
-                        check=False)
+                        outputs, check=False)
     if not hosts:
         out.print("no on-prem hosts: nothing more to do here (CPU cloud pools roll through `corral up`)",
                   markup=False)
@@ -145,11 +149,12 @@ def upgrade(
                 extra_vars or [], _progress_table)
 
 
-def _roll_cloud_gpu(cluster, access, target, batch, max_fail_percentage, wait_timeout, check) -> None:
+def _roll_cloud_gpu(cluster, access, target, batch, max_fail_percentage, wait_timeout, outputs, check) -> None:
     """The cloud GPU pools' drained replacement (corral/upgrade/cloudgpu.py); `check`: print the batches."""
+    from corral.health.instances import read_node_groups
     from corral.health.kube import HealthError, Kubectl
     from corral.upgrade.cloudgpu import (
-        check_steps, cloud_gpu_nodes, kubeconfig_path, plan_batches, pool_templates, require_known_instances,
+        check_steps, cloud_gpu_nodes, kubeconfig_path, plan_batches, pool_templates, provider_id_claims,
         roll_cloud_gpu_pools,
     )
     from corral.upgrade.versions import UpgradeError
@@ -157,16 +162,24 @@ def _roll_cloud_gpu(cluster, access, target, batch, max_fail_percentage, wait_ti
     with kubeconfig_path(access) as kubeconfig:
         try:
             kubectl = Kubectl(kubeconfig)
-            nodes = cloud_gpu_nodes(cluster, kubectl.nodes())
+            items = kubectl.nodes()
+            nodes = cloud_gpu_nodes(cluster, items)
+            todo = plan_batches(nodes, target, batch, pool_templates(cluster))
+            try:
+                node_groups = read_node_groups(cluster.name, outputs) if todo else {}
+            except HealthError as error:
+                if not check:
+                    raise HealthError(f"instances are replaced only once verified against the stack output "
+                                      f"nodeGroups: {error}") from None
+                node_groups = error
             if check:
-                lines = check_steps(cluster, nodes, target, batch)
+                lines = check_steps(cluster, nodes, target, batch, node_groups, provider_id_claims(items))
                 out.print("\n".join(["cloud GPU pools (drained replacement):", *lines]) if lines
                           else f"cloud GPU pools: every node runs {target} on its pool's current template",
                           markup=False)
                 return
-            todo = plan_batches(nodes, target, batch, pool_templates(cluster))
-            require_known_instances(cluster, nodes, [n for _, names in todo for n in names])
-            report = roll_cloud_gpu_pools(cluster, kubectl, target, batch, max_fail_percentage, wait_timeout,
+            report = roll_cloud_gpu_pools(cluster, kubectl, target, batch, max_fail_percentage, node_groups,
+                                          wait_timeout,
                                           on_step=lambda what, step: err.print(f"{what}: {step}", markup=False))
         except (HealthError, UpgradeError) as error:
             fail(f"cloud GPU pools: {error}")

@@ -11,21 +11,27 @@ Batches come from `report.plan_remediation` (each within its pool's
   agent lifts both taints. Success is read back from the cluster, not from
   Ansible: a node is remediated when it is schedulable and neither taint is
   left.
-- cloud (`cloud: replace`): cordon and drain, then the instance goes through
-  its cloud's API (`instance_command`: the provider's CLI, with the
-  operator's own cloud login), then the Node object is deleted. The group
-  starts a fresh machine, which joins behind the preflight taint. One batch
-  per pool and run: the next batch waits until the replacements have joined
-  (a later run counts them as out while they sit behind their preflight).
+- cloud (`cloud: replace`): first the node's instance is verified
+  (corral.health.instances: its providerID must name this cluster's
+  project/subscription, region and a group of the node's pool, as the stack
+  output `nodeGroups` lists them, and the cloud's API must confirm, read-only,
+  that the instance is in that group now); a node that fails is refused,
+  untouched, and counts as a failure. Then cordon and drain, the instance
+  goes through its cloud's API (`instances.replace_command`, built from the
+  stack's values: the provider's CLI, with the operator's own cloud login),
+  then the Node object is deleted. The group starts a fresh machine, which
+  joins behind the preflight taint. One batch per pool and run: the next
+  batch waits until the replacements have joined (a later run counts them
+  as out while they sit behind their preflight).
 
-`--check` prints the same batches and the exact commands, and changes nothing.
+`--check` prints the same batches and the exact commands (the membership
+queries too), and changes nothing.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -37,46 +43,16 @@ from pathlib import Path
 
 from corral.model.schema import PREFLIGHT_TAINT_KEY, UNHEALTHY_TAINT_KEY, Cluster
 
+from .instances import NodeGroups, planned_commands, replace_command, run_cloud_cli, verify
 from .kube import CORDON_ANNOTATION, HealthError, Kubectl
 from .report import REMEDIATION_CORDON, Batch, Plan
 
 PLAYBOOK = "playbooks/remediate.yml"
-
-# spec.providerID of the three clouds' machines, as their cloud providers set it.
-AWS_ID = re.compile(r"\Aaws:///(?P<zone>[a-z0-9-]+)/(?P<instance>i-[0-9a-f]+)\Z")
-GCE_ID = re.compile(r"\Agce://(?P<project>[a-z0-9:.-]+)/(?P<zone>[a-z0-9-]+)/(?P<instance>[a-z0-9-]+)\Z")
-AZURE_VMSS_ID = re.compile(
-    r"\Aazure:///subscriptions/(?P<sub>[0-9a-fA-F-]+)/resourceGroups/(?P<group>[-\w.()]+)/providers/"
-    r"Microsoft\.Compute/virtualMachineScaleSets/(?P<vmss>[-\w.]+)/virtualMachines/(?P<id>\d+)\Z", re.I)
+CloudCli = Callable[[list[str]], subprocess.CompletedProcess]
 
 
 class RemediationError(HealthError):
     pass
-
-
-def instance_command(cloud: str, provider_id: str) -> list[str]:
-    """The command that takes a cloud node's instance away so its group replaces it.
-
-    - AWS: terminate in the Auto Scaling group without lowering its desired
-      capacity: the group launches a replacement at once.
-    - GCP: `recreate-instances` on the zonal MIG (named by the instance's base
-      name, `<mig>-<suffix>`): same name, fresh machine.
-    - Azure: delete the scale-set instance; the scale set shrinks by one and
-      cluster-autoscaler grows it again for the drained pods still pending
-      (a scale set has no replace-in-place that gives new hardware).
-    """
-    if cloud == "aws" and (m := AWS_ID.match(provider_id)):
-        return ["aws", "autoscaling", "terminate-instance-in-auto-scaling-group", "--instance-id", m["instance"],
-                "--no-should-decrement-desired-capacity", "--region", m["zone"].rstrip("abcdefghijklmnopqrstuvwxyz")]
-    if cloud == "gcp" and (m := GCE_ID.match(provider_id)) and "-" in m["instance"]:
-        return ["gcloud", "compute", "instance-groups", "managed", "recreate-instances",
-                m["instance"].rsplit("-", 1)[0], f"--instances={m['instance']}", f"--zone={m['zone']}",
-                f"--project={m['project']}", "--quiet"]
-    if cloud == "azure" and (m := AZURE_VMSS_ID.match(provider_id)):
-        return ["az", "vmss", "delete-instances", "--subscription", m["sub"], "--resource-group", m["group"],
-                "--name", m["vmss"], "--instance-ids", m["id"]]
-    raise RemediationError(f"providerID {provider_id or '(none)'!r} is not a {cloud} scale-group instance: "
-                           "cannot find the machine to replace")
 
 
 def inventory_hosts(cluster: Cluster, nodes: list[str]) -> list[str]:
@@ -109,8 +85,11 @@ def playbook_vars(kubectl: Kubectl, batch: Batch) -> dict:
     }
 
 
-def steps(cluster: Cluster, batch: Batch, provider_ids: dict[str, str], kubectl_argv: str = "kubectl") -> list[str]:
-    """The commands one batch runs, as `--check` shows them."""
+def steps(cluster: Cluster, batch: Batch, provider_ids: dict[str, str], node_groups: NodeGroups | HealthError,
+          kubectl_argv: str = "kubectl") -> list[str]:
+    """The commands one batch runs, as `--check` shows them. `provider_ids`: every Node's
+    providerID (two Nodes claiming one instance are refused); `node_groups`: the stack output,
+    or why it could not be read."""
     if batch.action == "reboot":
         try:
             hosts = inventory_hosts(cluster, batch.nodes)
@@ -124,14 +103,15 @@ def steps(cluster: Cluster, batch: Batch, provider_ids: dict[str, str], kubectl_
         ]
     lines = []
     for node in batch.nodes:
+        membership, replace = planned_commands(cluster.control_plane.cloud, node, batch.pool,
+                                               provider_ids.get(node, ""), node_groups, provider_ids)
+        lines.append(membership)
+        if not replace:
+            continue        # refused: the node is not touched
         lines += [f"{kubectl_argv} annotate node {node} {CORDON_ANNOTATION}={REMEDIATION_CORDON} --overwrite",
                   f"{kubectl_argv} cordon {node}",
-                  f"{kubectl_argv} drain {node} --ignore-daemonsets --delete-emptydir-data --timeout=900s"]
-        try:
-            lines.append(shlex.join(instance_command(cluster.control_plane.cloud, provider_ids.get(node, ""))))
-        except RemediationError as error:
-            lines.append(f"(fails: {error})")
-        lines.append(f"{kubectl_argv} delete node {node} --ignore-not-found")
+                  f"{kubectl_argv} drain {node} --ignore-daemonsets --delete-emptydir-data --timeout=900s",
+                  replace, f"{kubectl_argv} delete node {node} --ignore-not-found"]
     return lines
 
 
@@ -219,17 +199,18 @@ def _reboot(batch: Batch, kubectl: Kubectl, run_playbook: Callable[[Batch], tupl
     return outcomes
 
 
-def _replace(cluster: Cluster, batch: Batch, kubectl: Kubectl, provider_ids: dict[str, str]) -> list[Outcome]:
+def _replace(cluster: Cluster, batch: Batch, kubectl: Kubectl, provider_ids: dict[str, str],
+             node_groups: NodeGroups, run_cloud: CloudCli) -> list[Outcome]:
     outcomes = []
     for name in batch.nodes:
         try:
-            command = instance_command(cluster.control_plane.cloud, provider_ids.get(name, ""))
-            if shutil.which(command[0]) is None:
-                raise RemediationError(f"{command[0]} is not installed: it replaces {cluster.control_plane.cloud} "
-                                       "instances")
+            # Before anything is touched: a node whose instance is not its pool's is refused.
+            target = verify(cluster.control_plane.cloud, name, batch.pool, provider_ids.get(name, ""), node_groups,
+                            provider_ids, run_cloud)
+            command = replace_command(target)
             kubectl.cordon(name, REMEDIATION_CORDON)
             kubectl.drain(name)
-            proc = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+            proc = run_cloud(command)
             if proc.returncode != 0:
                 raise RemediationError(f"{command[0]} exit {proc.returncode}: {proc.stderr.strip()[-300:]} "
                                        "(the node stays cordoned)")
@@ -243,8 +224,10 @@ def _replace(cluster: Cluster, batch: Batch, kubectl: Kubectl, provider_ids: dic
 
 def execute(cluster: Cluster, plan: Plan, kubectl: Kubectl, provider_ids: dict[str, str],
             run_playbook: Callable[[Batch], tuple[int, Path]] | None = None,
-            on_batch: Callable[[int, Batch], None] = lambda number, batch: None) -> Report:
-    """Run the plan's batches in order within the failure budget; what happened to each node."""
+            on_batch: Callable[[int, Batch], None] = lambda number, batch: None,
+            node_groups: NodeGroups | None = None, run_cloud: CloudCli = run_cloud_cli) -> Report:
+    """Run the plan's batches in order within the failure budget; what happened to each node.
+    `node_groups` (the stack output) is needed when a batch replaces cloud instances."""
     budget = cluster.health.remediation.max_failed_nodes
     report = Report(held={pool: list(nodes) for pool, nodes in plan.held.items()},
                     why_held={pool: "policy none" if pool not in plan.budgets else "no budget left"
@@ -265,6 +248,13 @@ def execute(cluster: Cluster, plan: Plan, kubectl: Kubectl, provider_ids: dict[s
                 raise RemediationError("no Ansible runner for on-prem reboots")
             report.outcomes += _reboot(batch, kubectl, run_playbook)
         else:
-            report.outcomes += _replace(cluster, batch, kubectl, provider_ids)
-            replaced_pools.add(batch.pool)
+            if node_groups is None:
+                raise RemediationError("no stack output nodeGroups: cloud instances are replaced only once "
+                                       "they are verified against it")
+            outcomes = _replace(cluster, batch, kubectl, provider_ids, node_groups, run_cloud)
+            report.outcomes += outcomes
+            # A batch that took nothing away (its nodes refused, or failed before their instance
+            # went) leaves no replacement to wait for: the pool's next batch may go.
+            if any(outcome.ok for outcome in outcomes):
+                replaced_pools.add(batch.pool)
     return report

@@ -5,12 +5,19 @@ rolled by a deploy (corral.machine.rollout). After `corral up` has given a
 GPU pool's group its new template, `corral upgrade` replaces the pool's nodes
 that do not run the target Kubernetes version, one batch at a time:
 
-  per node   mark (corral.dev/cordoned-by) and cordon, drain (evictions:
+  per node   verify the instance (corral.health.instances: the node's
+             providerID must name this cluster's project/subscription, region
+             and a group of the node's pool, as the stack output `nodeGroups`
+             lists them, and the cloud's API must confirm, read-only, that the
+             instance is in that group now; a node that fails is refused,
+             untouched, and counts as a failed node of its batch), mark
+             (corral.dev/cordoned-by) and cordon, drain (evictions:
              PodDisruptionBudgets respected, a timeout), take the instance
              away through the group's API so the group starts a new one
-             (corral.health.remediate.instance_command: AWS terminate without
-             lowering the desired capacity, GCP recreate-instances, Azure
-             delete-instances), delete the Node object;
+             (instances.replace_command, from the stack's values: AWS
+             terminate without lowering the desired capacity, GCP
+             recreate-instances, Azure delete-instances), delete the Node
+             object;
   per batch  wait until the pool has as many Ready, schedulable nodes at the
              target as it had before the batch plus the batch's size - the
              replacements joined - before the next batch starts.
@@ -21,7 +28,8 @@ failed, or replacements that do not turn Ready in time, stop the roll. What
 is decided comes from the API server, so a second run resumes: a node corral
 left cordoned is finished first, replaced nodes are gone, and a pool whose
 nodes all run the target is not touched. Nodes are matched to pools by their
-`corral.dev/pool` label, to their instance by `spec.providerID`.
+`corral.dev/pool` label, to their instance by `spec.providerID` (a claim,
+verified as above before any node is touched).
 """
 
 from __future__ import annotations
@@ -36,12 +44,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from corral.health.instances import NodeGroups, planned_commands, replace_command, run_cloud_cli, verify
 from corral.health.kube import CORDON_ANNOTATION, HealthError, Kubectl
-from corral.health.remediate import instance_command
 from corral.model import Cluster
 
 from corral.machine.rollout import TEMPLATE_LABEL, pool_template_fingerprint
-from .versions import KubeVersion, UpgradeError
+from .versions import KubeVersion
 
 POOL_LABEL = "corral.dev/pool"
 CORDON_REASON = "corral-upgrade"
@@ -119,9 +127,11 @@ class RollReport:
 
 
 def _replace_one(cluster: Cluster, kubectl: Kubectl, node: CloudGpuNode,
-                 run: Callable[[list[str]], subprocess.CompletedProcess]) -> None:
-    """Cordon, drain, take the instance away, delete the Node; HealthError says what failed."""
-    command = instance_command(cluster.control_plane.cloud, node.provider_id)
+                 run: Callable[[list[str]], subprocess.CompletedProcess], node_groups: NodeGroups,
+                 claims: dict[str, str]) -> None:
+    """Verify the instance, cordon, drain, take it away, delete the Node; HealthError says what failed."""
+    target = verify(cluster.control_plane.cloud, node.name, node.pool, node.provider_id, node_groups, claims, run)
+    command = replace_command(target)
     kubectl.cordon(node.name, CORDON_REASON)
     try:
         kubectl.drain(node.name)
@@ -138,20 +148,14 @@ def _replace_one(cluster: Cluster, kubectl: Kubectl, node: CloudGpuNode,
     kubectl.delete_node(node.name)
 
 
-def _run_cloud_cli(command: list[str]) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
-    except FileNotFoundError:
-        raise HealthError(f"{command[0]} is not installed: it replaces the pool's instances") from None
-
-
 def roll_cloud_gpu_pools(
     cluster: Cluster, kubectl: Kubectl, target: KubeVersion, batch: int, max_fail_percentage: int,
-    wait_timeout: float = 1800, interval: float | None = None,
-    run: Callable[[list[str]], subprocess.CompletedProcess] = _run_cloud_cli,
+    node_groups: NodeGroups, wait_timeout: float = 1800, interval: float | None = None,
+    run: Callable[[list[str]], subprocess.CompletedProcess] = run_cloud_cli,
     on_step: Callable[[str, str], None] = lambda what, step: None,
 ) -> RollReport:
-    """Replace the cloud GPU nodes not at `target`, drained, `batch` at a time per pool."""
+    """Replace the cloud GPU nodes not at `target`, drained, `batch` at a time per pool.
+    `node_groups`: the stack output every node's instance is verified against."""
     report = RollReport()
     interval = interval if interval is not None else min(15.0, wait_timeout / 10)
     templates = pool_templates(cluster)
@@ -160,14 +164,16 @@ def roll_cloud_gpu_pools(
         return [n.name for n in cloud_gpu_nodes(cluster, kubectl.nodes()) if n.pool == pool and n.ready
                 and not n.unschedulable and not outdated(n, target, templates)]
 
-    nodes = {n.name: n for n in cloud_gpu_nodes(cluster, kubectl.nodes())}
+    items = kubectl.nodes()
+    nodes = {n.name: n for n in cloud_gpu_nodes(cluster, items)}
+    claims = provider_id_claims(items)
     for pool, names in plan_batches(list(nodes.values()), target, batch, templates):
         before = len([n for n in serving_current(pool) if n not in names])
         failed = []
         for name in names:
-            on_step(name, "cordon, drain, replace the instance")
+            on_step(name, "verify the instance, cordon, drain, replace it")
             try:
-                _replace_one(cluster, kubectl, nodes[name], run)
+                _replace_one(cluster, kubectl, nodes[name], run, node_groups, claims)
             except HealthError as error:
                 failed.append(name)
                 report.failed[name] = str(error)
@@ -196,34 +202,28 @@ def roll_cloud_gpu_pools(
     return report
 
 
-def check_steps(cluster: Cluster, nodes: list[CloudGpuNode], target: KubeVersion, batch: int) -> list[str]:
-    """What `--check` prints for the cloud GPU pools."""
+def provider_id_claims(items: list[dict]) -> dict[str, str]:
+    """Every Node's providerID, by node name: two Nodes claiming one instance are refused."""
+    return {item["metadata"]["name"]: (item.get("spec") or {}).get("providerID", "") for item in items}
+
+
+def check_steps(cluster: Cluster, nodes: list[CloudGpuNode], target: KubeVersion, batch: int,
+                node_groups: NodeGroups | HealthError, claims: dict[str, str]) -> list[str]:
+    """What `--check` prints for the cloud GPU pools (`node_groups`: the stack output, or why it
+    could not be read)."""
     lines = []
     by_name = {n.name: n for n in nodes}
     templates = pool_templates(cluster)
     for number, (pool, names) in enumerate(plan_batches(nodes, target, batch, templates), 1):
         lines.append(f"{pool} batch {number}: " + ", ".join(names))
         for name in names:
-            try:
-                command = shlex.join(instance_command(cluster.control_plane.cloud, by_name[name].provider_id))
-            except HealthError as error:
-                command = f"(fails: {error})"
+            membership, replace = planned_commands(cluster.control_plane.cloud, name, pool,
+                                                   by_name[name].provider_id, node_groups, claims)
             why = outdated(by_name[name], target, templates) or "left cordoned by corral"
-            lines.append(f"  {name} ({why}): cordon, drain, {command}, delete node")
+            lines.append(f"  {name} ({why}): verify: {membership}")
+            if replace:
+                lines.append(f"  {name}: cordon, drain, {replace}, delete node")
     return lines
-
-
-def require_known_instances(cluster: Cluster, nodes: list[CloudGpuNode], names: list[str]) -> None:
-    """Refuse before touching anything when a node's instance cannot be found."""
-    by_name = {n.name: n for n in nodes}
-    bad = []
-    for name in names:
-        try:
-            instance_command(cluster.control_plane.cloud, by_name[name].provider_id)
-        except HealthError as error:
-            bad.append(f"{name}: {error}")
-    if bad:
-        raise UpgradeError("; ".join(bad))
 
 
 @contextmanager

@@ -8,9 +8,14 @@ version). At the process boundary: the fake kubectl
 (tests/upgrade/fake_kubectl: nodes with pool labels and provider IDs, pods,
 PodDisruptionBudgets that refuse an eviction) and a fake `aws` CLI
 (tests/upgrade/fake_cloud: terminating an instance in its Auto Scaling group
-launches a replacement Node at the version the group's template boots).
-Asserted: `--check` prints the batches and the exact cloud commands and
-changes nothing; the nodes are cordoned, drained, terminated without
+launches a replacement Node at the version the group's template boots, in
+the same group; it answers which group holds an instance). The stack output
+nodeGroups comes as `--outputs FILE`.
+Asserted: `--check` prints the batches and the exact cloud commands (the
+membership queries too) and changes nothing; each node's instance is
+confirmed to be its pool's before anything is touched, and a node whose
+providerID names another group's or another region's machine is refused,
+untouched, within the failure budget; the nodes are cordoned, drained, terminated without
 lowering the desired capacity and deleted one batch at a time, the next
 batch only after the replacements are Ready at the target; a second run
 does nothing; a drain a PDB refuses lifts corral's cordon and stops the roll
@@ -48,6 +53,13 @@ def node(pool: str, instance: str, version: str, template: str | None = None) ->
             "annotations": {}}
 
 
+# The stack output `pulumi up` exports for heron (tests/infra/test_node_groups_output.py).
+STACK_OUTPUTS = {"nodeGroups": {
+    pool: [{"provider": "aws", "name": f"heron-{pool}", "region": "us-west-2", "zones": zones}]
+    for pool, zones in {"cpu-m7i": ["us-west-2a", "us-west-2b", "us-west-2c"],
+                        "gpu-a10g": ["us-west-2a", "us-west-2b"], "gpu-a10g-inference": ["us-west-2a"]}.items()}}
+
+
 @pytest.fixture
 def cloud(tmp_path):
     bin_dir = tmp_path / "bin"
@@ -60,8 +72,13 @@ def cloud(tmp_path):
     nodes["gpu-e"] = node("gpu-a10g", "i-08", NEW, template="0123456789abcdef")  # an older template
     nodes["gpu-f"] = node("gpu-a10g", "i-07", NEW, template=TEMPLATES["gpu-a10g"])  # current
     nodes["cpu-1"] = node("cpu-m7i", "i-10", OLD)   # a CPU pool: rolled by the provider on `corral up`
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps(STACK_OUTPUTS))
     state.write_text(json.dumps({
         "serverVersion": f"v{NEW}", "nodes": nodes,
+        # What AWS knows: each instance in its pool's Auto Scaling group.
+        "asgInstances": {n["providerID"].rsplit("/", 1)[1]: {"group": f"heron-{n['labels']['corral.dev/pool']}",
+                                                              "zone": "us-west-2a"} for n in nodes.values()},
         "pods": [{"name": "train-a", "namespace": "ml", "node": "gpu-a", "labels": {"app": "train"}},
                  {"name": "serve-b", "namespace": "ml", "node": "gpu-b", "labels": {"app": "serve"}},
                  {"name": "serve-d", "namespace": "ml", "node": "gpu-d", "labels": {"app": "serve"}}],
@@ -76,7 +93,7 @@ def cloud(tmp_path):
     class Cloud:
         def run(self, *extra: str, **extra_env) -> subprocess.CompletedProcess:
             return subprocess.run([sys.executable, "-m", "corral", "upgrade", "heron", "--to", NEW,
-                                   "--clusters", str(ROOT / "clusters"), *extra],
+                                   "--clusters", str(ROOT / "clusters"), "--outputs", str(outputs), *extra],
                                   env=env | extra_env, capture_output=True, text=True, timeout=300)
 
         def state(self) -> dict:
@@ -93,10 +110,13 @@ def cloud(tmp_path):
             return [(c["verb"], c["argv"][2] if c["verb"] == "delete" else c["argv"][1]) for c in calls
                     if c.get("verb") in ("cordon", "drain", "uncordon") or c["argv"][:2] == ["delete", "node"]]
 
-        def terminated(self) -> list[str]:
+        def cloud_calls(self) -> list[list[str]]:
             log = tmp_path / "cloud.jsonl"
-            calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-            return [c[c.index("--instance-id") + 1] for c in calls]
+            return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+        def terminated(self) -> list[str]:
+            return [c[c.index("--instance-id") + 1] for c in self.cloud_calls()
+                    if "terminate-instance-in-auto-scaling-group" in c]
 
     return Cloud()
 
@@ -109,10 +129,12 @@ def test_check_prints_the_batches_and_commands_and_changes_nothing(cloud):
     assert "gpu-a10g batch 1: gpu-a, gpu-b" in out and "gpu-a10g batch 2: gpu-c, gpu-e" in out
     assert "gpu-a10g-inference batch 3: gpu-x" in out and "cpu-1" not in out
     assert "gpu-d" not in out and "gpu-f" not in out
-    assert ("gpu-a (runs v1.30.8): cordon, drain, aws autoscaling terminate-instance-in-auto-scaling-group "
+    assert ("gpu-a (runs v1.30.8): verify: aws autoscaling describe-auto-scaling-instances --instance-ids i-00 "
+            "--region us-west-2 --output json  (must list i-00 in heron-gpu-a10g)\n"
+            "  gpu-a: cordon, drain, aws autoscaling terminate-instance-in-auto-scaling-group "
             "--instance-id i-00 --no-should-decrement-desired-capacity --region us-west-2, delete node") in out
     assert f"gpu-e (template 0123456789abcdef, the pool's is {TEMPLATES['gpu-a10g']})" in out
-    assert cloud.ops() == [] and cloud.terminated() == []
+    assert cloud.ops() == [] and cloud.cloud_calls() == []
 
 
 def test_gpu_nodes_are_drained_and_replaced_a_batch_at_a_time(cloud):
@@ -177,3 +199,32 @@ def test_replacements_that_never_turn_ready_stop_the_roll(cloud):
     assert f"pool gpu-a10g: 2 of 3 nodes Ready at v1.31.0 on template {TEMPLATES['gpu-a10g']} after 2 s" in message
     assert "`corral up` gives it the new one" in message
 
+
+
+def test_forged_provider_ids_are_refused_untouched_within_the_failure_budget(cloud):
+    """A node naming another group's machine (per AWS), or one in another region, is never drained
+    or terminated; the roll counts it as failed and stops when the budget is spent."""
+    def forge(state):
+        state["pdbs"] = []
+        state["asgInstances"]["i-00"]["group"] = "payments-db"                # gpu-a: another group's machine
+        state["nodes"]["gpu-b"]["providerID"] = "aws:///us-east-1a/i-0deadbeef"  # gpu-b: another region
+    cloud.edit(forge)
+    result = cloud.run("--cloud-gpu-batch", "2", "--max-fail-percentage", "0")
+    assert result.returncode == 1
+    message = " ".join((result.stdout + result.stderr).split())
+    assert ("gpu-a: refused node gpu-a (providerID aws:///us-west-2a/i-00): AWS says it is in Auto Scaling group "
+            "payments-db (us-west-2a); expected Auto Scaling group heron-gpu-a10g (us-west-2a, us-west-2b) of pool "
+            "gpu-a10g") in message
+    assert ("gpu-b: refused node gpu-b (providerID aws:///us-east-1a/i-0deadbeef): zone us-east-1a is in no group "
+            "of pool gpu-a10g") in message
+    assert "pool gpu-a10g: 2 of 2 node(s) of the batch failed (--max-fail-percentage 0)" in message
+    assert cloud.ops() == [] and cloud.terminated() == []       # neither cordoned, drained nor terminated
+    assert [c[:3] for c in cloud.cloud_calls()] == [["aws", "autoscaling", "describe-auto-scaling-instances"]]
+    state = cloud.state()
+    assert not state["nodes"]["gpu-a"].get("unschedulable") and not state["nodes"]["gpu-b"].get("unschedulable")
+
+    # A budget that allows it: the forged nodes are held, the pool's real ones replaced.
+    second = cloud.run("--cloud-gpu-batch", "1", "--max-fail-percentage", "100")
+    assert second.returncode == 1              # the refused nodes still count as failed
+    assert cloud.terminated() == ["i-02", "i-08", "i-03"]
+    assert "cloud GPU pools: 3 node(s) replaced, 2 failed" in second.stdout
