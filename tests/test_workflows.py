@@ -444,3 +444,14 @@ def test_review_steps_end_to_end_on_a_fake_workspace(tmp_path):
     report = (workspace / "diff.md").read_text()
     assert "### ⛔ Dangerous changes" in report and "ibis-etcd-0-data" in report
     assert "### heron (modified" in report and "### ibis (removed" in report
+
+
+def test_deploy_installs_every_cloud_to_diff_and_only_the_clusters_cloud_to_deploy():
+    """Each cloud's Pulumi provider is an extra of pyproject.toml (tests/test_extras.py)."""
+    deploy = jobs(REPO / ".github" / "workflows" / "deploy.yml")
+    changes = [words for step in deploy["changes"]["steps"] for words in simple_commands(step.get("run", ""))]
+    assert ["pip", "install", ".[all]"] in changes, changes
+    installs = [(step, words) for step in deploy["deploy"]["steps"] for words in simple_commands(step.get("run", ""))
+                if words[:2] == ["pip", "install"]]
+    assert [words for _, words in installs] == [["pip", "install", ".[$CLOUD]"]], installs
+    assert installs[0][0]["env"]["CLOUD"] == "${{ matrix.cloud }}"

@@ -104,6 +104,19 @@ def cluster_path(clusters: Path, name: str) -> Path:
     return path
 
 
+def cloud_extra_or_exit(command: str, cluster: Cluster) -> None:
+    """Exit with the extra to install when the cluster's cloud provider is not installed.
+
+    Each cloud's Pulumi provider is an extra (pyproject.toml): a command that
+    runs the Pulumi program names it, rather than failing on an ImportError.
+    """
+    from corral.infra.extras import install_hint, provider_installed
+
+    cloud = cluster.control_plane.cloud
+    if not provider_installed(cloud):
+        fail(f"corral {command} {cluster.name} needs the {cloud} extra: {install_hint(cloud)}")
+
+
 def cluster_or_exit(clusters: Path, name: str) -> Cluster:
     """One cluster, validated together with the rest of its fleet."""
     path = cluster_path(clusters, name)

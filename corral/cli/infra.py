@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cluster_or_exit, fail, out
+from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cloud_extra_or_exit, cluster_or_exit, fail, out
 
 # Inputs shown first in the table's summary column when a resource has them:
 # what a reviewer checks (where, how big, how fast, who may connect).
@@ -115,6 +115,7 @@ def plan(
     # plan runs (see corral.infra.plan.paused_gc; it halves the time).
     gc.disable()
     cluster = cluster_or_exit(clusters, name)
+    cloud_extra_or_exit("plan", cluster)
     from corral.infra.plan import PlanError, plan_stack
 
     try:
@@ -133,7 +134,8 @@ def up(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Pass --yes to pulumi (no confirmation prompt).")] = False,
 ) -> None:
     """Validate the fleet, then `pulumi up -s CLUSTER` (needs the pulumi CLI and cloud credentials)."""
-    cluster_or_exit(clusters, name)
+    # `pulumi up` runs the program in this Python: it needs the cluster's cloud provider too.
+    cloud_extra_or_exit("up", cluster_or_exit(clusters, name))
     pulumi = shutil.which("pulumi")
     if pulumi is None:
         fail(
