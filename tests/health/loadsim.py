@@ -76,8 +76,8 @@ def gpu_node(name: str, *, pending: bool = False) -> dict:
 
 class SimulatedCluster:
     def __init__(self, agent: types.ModuleType, config: dict, workdir: Path, *, seed: int = 1,
-                 legacy: bool = False) -> None:
-        self.agent_module, self.legacy = agent, legacy
+                 legacy: bool = False, pod_churn: bool = True) -> None:
+        self.agent_module, self.legacy, self.pod_churn = agent, legacy, pod_churn
         self.rng = random.Random(seed)
         self.clock = SimClock()
         self.cluster = FakeCluster(self.clock)
@@ -125,7 +125,9 @@ class SimulatedCluster:
             (self.node_dir(name) / "active.json").write_text(json.dumps(state))
         phase = self.rng.uniform(0, KUBELET_REPORT_SECONDS)
         self.clock.at(self.clock.now() + phase, lambda: self._kubelet_report(name))
-        self.clock.at(self.clock.now() + self.rng.expovariate(1 / POD_CHURN_SECONDS), lambda: self._pod_churn(name))
+        if self.pod_churn:
+            self.clock.at(self.clock.now() + self.rng.expovariate(1 / POD_CHURN_SECONDS),
+                          lambda: self._pod_churn(name))
 
     def node_config(self, name: str) -> dict:
         folder = self.node_dir(name)
