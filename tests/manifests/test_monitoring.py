@@ -330,7 +330,7 @@ def test_promtool_unit_tests_the_recording_rules(tmp_path):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_grafana_is_provisioned_read_only_with_the_dashboards(name):
+def test_grafana_is_provisioned_with_the_dashboards_and_no_anonymous_viewer(name):
     cluster = FLEET.clusters[name]
     objects = monitoring_objects(cluster)
     sources = yaml.safe_load(objects["ConfigMap/grafana-datasources"]["data"]["datasources.yaml"])["datasources"]
@@ -345,7 +345,11 @@ def test_grafana_is_provisioned_read_only_with_the_dashboards(name):
         assert board["panels"] and all(p["targets"] for p in board["panels"])
     deployment = objects["Deployment/grafana"]["spec"]["template"]["spec"]
     env = {e["name"]: e["value"] for e in deployment["containers"][0]["env"]}
-    assert env["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer" and env["GF_AUTH_DISABLE_LOGIN_FORM"] == "true"
+    # Everyone logs in (the admin from Secret grafana-admin, tests/infra/test_grafana_admin.py):
+    # no anonymous Viewer, the login form on, no admin password in the manifest.
+    assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    assert "GF_AUTH_ANONYMOUS_ORG_ROLE" not in env and env.get("GF_AUTH_DISABLE_LOGIN_FORM", "false") == "false"
+    assert "GF_SECURITY_ADMIN_PASSWORD" not in env and env["GF_SECURITY_ADMIN_PASSWORD__FILE"].startswith("/")
     assert deployment["automountServiceAccountToken"] is False
     mounts = {m["mountPath"] for m in deployment["containers"][0]["volumeMounts"]}
     assert {f"/var/lib/grafana-dashboards/{b}" for b in ("corral-control-plane", "corral-teams", "corral-gpu-fleet")} <= mounts
