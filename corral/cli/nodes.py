@@ -109,6 +109,8 @@ def join(
         CHECK_MODE_TOKEN, ClusterAccess, JoinError, JoinReport, ansible_dir, fresh_bootstrap_token,
         join_material, parse_ttl, prepare_runs_dir, run_join, select_hosts, shard_hosts,
     )
+    from corral.nodes.known_hosts import KnownHostsError
+    from corral.nodes.known_hosts import verify as verify_host_keys
     from corral.upgrade.join_drain import join_drain_variables
 
     cluster = cluster_or_exit(clusters, name)
@@ -119,6 +121,10 @@ def join(
             hosts = shard_hosts(hosts, shard)
             if not hosts:
                 fail(f"shard {shard} of {name} holds none of the selected hosts")
+        # Before any host is touched: a host whose ssh key changed stops the run
+        # here, named, rather than failing alone in the middle (docs/onprem-hosts.md).
+        with err.status(f"checking the ssh host keys of {len(hosts)} host{'s' * (len(hosts) != 1)}"):
+            verify_host_keys(cluster, hosts)
         material = join_material(name, outputs)
         title = f"{'check' if check else 'join'} {name}: {len(hosts)} host{'s' * (len(hosts) != 1)}"
         runs = prepare_runs_dir(cluster, runs_dir)
@@ -152,7 +158,7 @@ def join(
                     )
         report = converge.finish(cluster, converge_plan, report, applied, runs, ansible_dir(),
                                  record=not check, forks=forks)
-    except JoinError as error:
+    except (JoinError, KnownHostsError) as error:
         fail(str(error))
     out.print(_progress_table(report, title, final=True))
     bad = [r for r in report.hosts.values() if r.status not in ("ok", "changed")]
@@ -170,6 +176,9 @@ def join(
 def register(app: typer.Typer) -> None:
     app.command()(inventory)
     app.command()(join)
+    from . import hosts
+
+    hosts.register(app)
     from . import health
 
     nodes_app = typer.Typer(help="The cluster's nodes: GPU health.", no_args_is_help=True)

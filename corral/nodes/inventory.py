@@ -7,6 +7,12 @@ vars, site settings sit on the site group, pool settings on the pool group;
 the roles' `defaults/main.yml` document every variable. No secret is ever in
 the inventory: join material is passed at run time.
 
+How Ansible reaches each host is in the inventory too (docs/onprem-hosts.md):
+its address (`ansible_host`) where the cluster file gives one, the pool's
+ssh user, port and key file, and ssh options that check its host key against
+the cluster's known hosts file only, under its inventory name, through the
+site's jump host if it has one (`connection_vars`).
+
 Every string value is marked unsafe, so Ansible takes it literally and never
 renders it as a template: the model's shapes already keep '{{' out, and this
 holds even if one slipped through (a `{{ lookup('pipe', ...) }}` in a value
@@ -17,6 +23,7 @@ would otherwise run on the controller). The mark is `!unsafe` in YAML and
 from __future__ import annotations
 
 import io
+import shlex
 from typing import Any
 
 from ruamel.yaml import YAML
@@ -25,6 +32,8 @@ from corral.machine import kubelet_reservations
 from corral.machine.gpu_preflight import expectations as preflight_expectations
 from corral.model import Cluster, OnPremPool
 from corral.model.containerd import pause_image
+
+from .known_hosts import jump_login, ssh_path
 
 UNSAFE_JSON_KEY = "__ansible_unsafe"
 UNSAFE_YAML_TAG = "!unsafe"
@@ -129,6 +138,59 @@ def pool_vars(cluster: Cluster, pool: OnPremPool) -> dict[str, Any]:
     }
 
 
+def pool_ssh_options(cluster: Cluster, pool: OnPremPool) -> list[str]:
+    """ssh options for every connection to a pool's hosts: their keys checked,
+    against the cluster's known hosts file only, through the jump host if any.
+
+    ssh takes the first value it gets for an option; Ansible puts these after
+    its own ssh_args, which corral's ansible.cfg keeps free of host key
+    options. A jump host goes in as an explicit ProxyCommand, not ProxyJump:
+    the ssh that ProxyJump starts gets only -l, -p, -J and -F (OpenSSH
+    ssh.c), not these -o options, so it would check the jump host against
+    the user's own files.
+    """
+    ssh = cluster.ssh_for(pool)
+    known_hosts = cluster.known_hosts_file
+    options = ["-o", "StrictHostKeyChecking=yes"]
+    if known_hosts is not None:
+        options += ["-o", f"UserKnownHostsFile={ssh_path(known_hosts)}"]
+    if ssh.jump_host is not None:
+        login = jump_login(ssh.jump_host, ssh.user, ssh.private_key_file, known_hosts)
+        # ssh expands %-tokens in ProxyCommand ('%%' a literal '%') and runs it with /bin/sh.
+        inner = [shlex.quote(arg).replace("%", "%%") for arg in login[:-1]]
+        options += ["-o", "ProxyCommand=" + " ".join([*inner, "-W", "'[%h]:%p'", shlex.quote(login[-1])])]
+    return options
+
+
+def connection_vars(cluster: Cluster, pool: OnPremPool) -> dict[str, Any]:
+    """The pool's connection variables (ansible-core's ssh connection plugin,
+    docs.ansible.com ansible.builtin.ssh connection): None where ssh's or
+    Ansible's default applies."""
+    ssh = cluster.ssh_for(pool)
+    found = {
+        # Beats ANSIBLE_HOST_KEY_CHECKING=False in an operator's environment:
+        # inventory variables outrank the environment for this option.
+        "ansible_host_key_checking": True,
+        "ansible_user": ssh.user,
+        "ansible_port": ssh.port,
+        "ansible_ssh_private_key_file": ssh.private_key_file,
+    }
+    return {key: value for key, value in found.items() if value is not None}
+
+
+def host_vars(cluster: Cluster, pool: OnPremPool, options: list[str]) -> dict[str, dict[str, Any]]:
+    """Each host's own connection variables: its address, and its ssh options
+    with HostKeyAlias, so ssh looks its key up under its inventory name however
+    it is reached (HostKeyAlias takes no %-tokens: one value per host).
+    ansible_ssh_common_args, not ..._extra_args: scp and sftp need it too."""
+    found = {}
+    for host in pool.host_names:
+        found[host] = {"ansible_ssh_common_args": shlex.join([*options, "-o", f"HostKeyAlias={host}"])}
+        if host in pool.host_addresses:
+            found[host]["ansible_host"] = pool.host_addresses[host]
+    return found
+
+
 def build(cluster: Cluster) -> dict[str, Any]:
     """Ansible's JSON inventory format (the dynamic-inventory `--list` answer).
 
@@ -146,7 +208,9 @@ def build(cluster: Cluster) -> dict[str, Any]:
         hosts = pool.host_names
         pool_group = group_name("pool", pool.name)
         site_group = group_name("site", pool.site)
-        inventory[pool_group] = {"hosts": hosts, "vars": mark_unsafe(pool_vars(cluster, pool))}
+        inventory[pool_group] = {"hosts": hosts, "vars": mark_unsafe({**pool_vars(cluster, pool),
+                                                                      **connection_vars(cluster, pool)})}
+        inventory["_meta"]["hostvars"].update(mark_unsafe(host_vars(cluster, pool, pool_ssh_options(cluster, pool))))
         site = inventory.setdefault(site_group, {"hosts": [], "vars": mark_unsafe(site_vars(cluster, pool.site))})
         site["hosts"].extend(hosts)
         inventory["onprem_nodes"]["hosts"].extend(hosts)
@@ -163,12 +227,15 @@ def host_pool(cluster: Cluster) -> dict[str, str]:
 
 
 def as_yaml_inventory(data: dict[str, Any]) -> dict[str, Any]:
-    """The same inventory in Ansible's YAML inventory shape (hosts as mappings)."""
+    """The same inventory in Ansible's YAML inventory shape (hosts as mappings,
+    each host's own variables under its first group, onprem_nodes)."""
+    hostvars = data["_meta"]["hostvars"]
     children = {}
     for group, body in data.items():
         if group in ("_meta", "all"):
             continue
-        entry: dict[str, Any] = {"hosts": {host: None for host in body.get("hosts", [])}}
+        entry: dict[str, Any] = {"hosts": {host: (hostvars.get(host) if group == "onprem_nodes" else None)
+                                           for host in body.get("hosts", [])}}
         if body.get("vars"):
             entry["vars"] = body["vars"]
         children[group] = entry

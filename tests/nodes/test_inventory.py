@@ -77,6 +77,12 @@ def test_ansible_reads_the_yaml_and_the_dynamic_inventory(jaguar, tmp_path):
         assert host_vars["corral_pool"] == "gpu-h100-robotics"
         assert host_vars["corral_site"] == "sf1"
         assert host_vars["corral_cluster_name"] == "jaguar"
+        # How Ansible reaches it: the site's ssh user, key file and host key checking,
+        # the host's own options (its key looked up under its name).
+        assert host_vars["ansible_user"] == "corral" and host_vars["ansible_host_key_checking"] is True
+        assert host_vars["ansible_ssh_private_key_file"] == "~/.ssh/corral_sf1"
+        assert "-o HostKeyAlias=gpu-070.sf1.internal" in host_vars["ansible_ssh_common_args"]
+        assert "StrictHostKeyChecking=yes" in host_vars["ansible_ssh_common_args"]
 
 
 

@@ -253,7 +253,22 @@ def fake_kubectl(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def join_cli(tmp_path, fleet_dir, fake_runner):
+def ssh_network(tmp_path, monkeypatch, fleet_dir):
+    """jaguar's hosts and the site's jump host answer the fake ssh-keyscan; their keys trusted."""
+    from corral.nodes.known_hosts import trust
+
+    from .ssh_fakes import FakeSshNetwork
+
+    network = FakeSshNetwork(tmp_path / "ssh-network").install(monkeypatch)
+    cluster = load_cluster(fleet_dir / "jaguar.yaml")
+    for host in ["bastion.sf1.internal", *(h for pool in cluster.onprem_pools for h in pool.host_names)]:
+        network.add(host)
+    trust(cluster)
+    return network
+
+
+@pytest.fixture
+def join_cli(tmp_path, fleet_dir, fake_runner, ssh_network):
     """`corral join jaguar --limit gpu-001...` in process, with the fake runner."""
     outputs = tmp_path / "outputs.json"
     outputs.write_text(json.dumps(OUTPUTS))
@@ -408,6 +423,9 @@ def test_from_the_stack_the_admin_credential_lives_only_for_the_kubectl_call(joi
 def test_without_kubectl_the_error_says_so(join_cli, fake_kubectl, monkeypatch, tmp_path):
     empty = tmp_path / "empty-bin"
     empty.mkdir()
+    # Only the ssh tools (the fakes) that check the host keys first.
+    for tool in ("ssh", "ssh-keyscan"):
+        (empty / tool).symlink_to(HERE / f"fake_{tool.replace('-', '_')}")
     monkeypatch.setenv("PATH", str(empty))
     result, fake = join_cli("--kubeconfig", str(join_cli.kubeconfig))
     assert result.exit_code == 1
@@ -522,3 +540,32 @@ def test_commands_without_outputs_are_not_told_to_pass_it(tmp_path):
         assert result.returncode != 0
         assert "pulumi CLI is not installed" in result.stderr and "--kubeconfig FILE" in result.stderr, result.stderr
         assert "--outputs" not in result.stderr and "Traceback" not in result.stderr
+
+
+# ------------------------------------------------- host keys
+
+
+def test_a_changed_host_key_stops_the_join_before_any_task(join_cli, fake_kubectl, ssh_network, fleet_dir,
+                                                           fake_runner):
+    ssh_network.add("gpu-001.sf1.internal", generation=1)   # reinstalled, or someone in its place
+    fake = fake_runner()
+    result, _ = join_cli("--kubeconfig", str(join_cli.kubeconfig), runner=fake)
+    assert result.exit_code == 1
+    message = " ".join(result.output.split())
+    assert f"ssh host key changed for gpu-001.sf1.internal (the keys recorded in {fleet_dir / 'jaguar.known_hosts'}" \
+        in message
+    assert "corral hosts trust jaguar --replace gpu-001.sf1.internal" in message
+    # Nothing ran: no converge check, no playbook, no token.
+    assert not fake.adhoc and not fake.calls and not fake_kubectl.created()
+    # Control: with the key it had, the same join runs.
+    ssh_network.add("gpu-001.sf1.internal")
+    result, _ = join_cli("--kubeconfig", str(join_cli.kubeconfig), runner=fake)
+    assert result.exit_code == 0 and fake.adhoc and fake.calls, result.output
+
+
+def test_a_join_without_recorded_host_keys_says_how_to_record_them(join_cli, fake_kubectl, fleet_dir):
+    (fleet_dir / "jaguar.known_hosts").unlink()
+    result, fake = join_cli("--kubeconfig", str(join_cli.kubeconfig))
+    assert result.exit_code == 1
+    assert "run `corral hosts trust jaguar`" in " ".join(result.output.split())
+    assert not fake.calls and not fake_kubectl.created()
