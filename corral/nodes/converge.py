@@ -109,7 +109,10 @@ def host_inputs(inventory: dict[str, Any], host: str) -> dict[str, Any]:
             layered[group] = body.get("vars", {})
     # The name too: the roles use it (the node's name in its JoinConfiguration).
     layered["host"] = {"inventory_hostname": host, **inventory["_meta"]["hostvars"].get(host, {})}
-    return layered
+    # How a host is reached (its address, ssh options naming the known hosts
+    # file's path on this controller) is not what it should be: left out.
+    return {layer: {key: value for key, value in values.items() if not key.startswith("ansible_")}
+            for layer, values in layered.items()}
 
 
 def desired_fingerprints(

@@ -62,6 +62,20 @@ def test_a_pool_change_moves_only_that_pools_hosts(jaguar):
     assert {h for h in hosts if before[h] != after[h]} == set(changed_hosts)
 
 
+def test_how_a_host_is_reached_is_not_an_input(jaguar, tmp_path):
+    """A checkout moved elsewhere (the known hosts file's path in every host's ssh
+    options), an address or an ssh user given: nothing to converge for that."""
+    hosts = list(host_pool(jaguar))
+    base = converge.desired_fingerprints(jaguar, hosts, MATERIAL, [], ansible_dir())
+    moved = tmp_path / "elsewhere" / "jaguar.yaml"
+    moved.parent.mkdir()
+    shutil.copy(EXAMPLES / "jaguar.yaml", moved)
+    relocated = load_cluster(moved)
+    relocated.sites[0].ssh.user = "ops"
+    relocated.onprem_pools[1].addresses = ["10.50.13.[65:72]"]
+    assert converge.desired_fingerprints(relocated, hosts, MATERIAL, [], ansible_dir()) == base
+
+
 def test_site_overrides_and_join_material_are_inputs(jaguar, tmp_path):
     hosts = list(host_pool(jaguar))[:2]
     base = converge.desired_fingerprints(jaguar, hosts, MATERIAL, [], ansible_dir())
