@@ -140,7 +140,7 @@ def parse_document(doc: Document) -> Cluster:
         raise ValidationFailed(_convert(doc, err)) from None
     # Files kept beside the cluster file (its hosts' known keys) are found from it.
     cluster._source_file = doc.path
-    problems = [doc.problem(path, msg) for path, msg in rules.check_cluster(cluster)]
+    problems = [doc.problem(path, msg) for path, msg in rules.check_cluster(cluster, data)]
     if problems:
         raise ValidationFailed(problems)
     return cluster

@@ -18,6 +18,7 @@ from .gpu_catalog import (
     CLOUD_NAMES, GCP_ATTACHABLE, GPU_FAMILIES, closest_machine_type, gpu_machine, looks_like_gpu_machine,
 )
 from .mtu import flannel_mtu_limit
+from .regions import region_error, zone_error
 from .vm_disk_limits import vm_disk_caps
 from .schema import (
     LABEL_DOMAIN, PODS_PER_NODE, PRIVATE_NETWORKS, ArpCache, CloudPool, Cluster, OnPremPool, is_private_network,
@@ -27,18 +28,6 @@ Finding = tuple[tuple, str]
 
 # The kernel's own gc_thresh1 (ip-sysctl.rst): never refused.
 KERNEL_GC_THRESH1 = 128
-
-# Zone names per cloud. Azure numbers its availability zones "1".."3"; AWS
-# and GCP name them after the region with a letter suffix.
-def zone_error(cloud: str, region: str, zone: str) -> str | None:
-    if cloud == "azure" and zone not in ("1", "2", "3"):
-        return f"Azure zone '{zone}' must be \"1\", \"2\" or \"3\""
-    if cloud == "aws" and not re.fullmatch(re.escape(region) + r"[a-z]", zone):
-        return f"AWS zone '{zone}' must be in region {region}, like {region}a"
-    if cloud == "gcp" and not re.fullmatch(re.escape(region) + r"-[a-z]", zone):
-        return f"GCP zone '{zone}' must be in region {region}, like {region}-a"
-    return None
-
 
 # Machine type shapes per cloud: a type copied from another cloud's file is a
 # common slip, and the cloud would only reject it at `pulumi up` time.
@@ -65,9 +54,13 @@ RESERVED_LABELS = frozenset(
 )
 
 
-def check_cluster(cluster: Cluster) -> list[Finding]:
+def check_cluster(cluster: Cluster, data: Mapping | None = None) -> list[Finding]:
+    """Every finding of one cluster. `data` is the file's own data (what the
+    YAML says, before defaults), so findings about a value the file left out
+    point at the line that writes the value it inherits."""
     return [
         *_control_plane(cluster),
+        *_pool_zones(cluster, data),
         *_containerd(cluster),
         *_etcd_disk(cluster),
         *_etcd_disk_shape(cluster),
@@ -86,9 +79,13 @@ def check_cluster(cluster: Cluster) -> list[Finding]:
 
 def _control_plane(cluster: Cluster) -> Iterator[Finding]:
     cp = cluster.control_plane
-    for i, zone in enumerate(cp.zones):
-        if message := zone_error(cp.cloud, cp.region, zone):
-            yield ("controlPlane", "zones", i), message
+    if message := region_error(cp.cloud, cp.region):
+        # One finding for a wrong region: its zones cannot be judged until it is right.
+        yield ("controlPlane", "region"), message
+    else:
+        for i, zone in enumerate(cp.zones):
+            if message := zone_error(cp.cloud, cp.region, zone):
+                yield ("controlPlane", "zones", i), message
     if len(set(cp.zones)) != len(cp.zones):
         yield ("controlPlane", "zones"), "a zone is listed twice"
     if len(cp.zones) > MAX_ZONES:
@@ -321,16 +318,40 @@ def _cloud_pool(cluster: Cluster, pool: CloudPool, here: tuple) -> Iterator[Find
         yield (*here, "machineType"), message
     else:
         yield from _cloud_gpu(pool, here)
-    for j, zone in enumerate(pool.zones or []):
-        if message := zone_error(cp.cloud, cp.region, zone):
-            yield (*here, "zones", j), message
-        elif zone not in cp.zones:
-            # Node subnets exist only in the control plane's zones (layout.py).
-            yield (*here, "zones", j), (
-                f"zone '{zone}' is not one of the control plane's zones ({', '.join(cp.zones)})"
-            )
     if pool.min_size > pool.max_size:
         yield (*here, "minSize"), f"minSize {pool.min_size} is larger than maxSize {pool.max_size}"
+
+
+def _pool_zones(cluster: Cluster, data: Mapping | None) -> Iterator[Finding]:
+    """Cloud pools' own zone lists: zones of the region, and among the control plane's.
+
+    A pool that writes no zones takes the control plane's (schema), which
+    `_control_plane` checks at the line that writes them; checking the copy
+    again would repeat each finding at the pool. Without the file's data
+    (`check_cluster(cluster)`), a list equal to the control plane's counts as
+    inherited. A wrong region is reported once, by `_control_plane`.
+    """
+    cp = cluster.control_plane
+    if region_error(cp.cloud, cp.region):
+        return
+    pools_data = data.get("nodePools") if isinstance(data, Mapping) else None
+    for i, pool in enumerate(cluster.node_pools):
+        if not isinstance(pool, CloudPool) or pool.provider != cp.cloud:
+            continue  # _cloud_pool reports a pool on another cloud
+        if isinstance(pools_data, list) and i < len(pools_data) and isinstance(pools_data[i], Mapping):
+            inherited = "zones" not in pools_data[i]
+        else:
+            inherited = pool.zones == cp.zones
+        if inherited:
+            continue
+        for j, zone in enumerate(pool.zones or []):
+            if message := zone_error(cp.cloud, cp.region, zone):
+                yield ("nodePools", i, "zones", j), message
+            elif zone not in cp.zones:
+                # Node subnets exist only in the control plane's zones (layout.py).
+                yield ("nodePools", i, "zones", j), (
+                    f"zone '{zone}' is not one of the control plane's zones ({', '.join(cp.zones)})"
+                )
 
 
 def _cloud_gpu(pool: CloudPool, here: tuple) -> Iterator[Finding]:

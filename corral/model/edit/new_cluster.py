@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from ..document import one_line
+from ..regions import region_error, zone_error, zones_of
 from ..schema import CLOUDS, Cluster, Name, PrivateCidr, Region, Zone
 from .errors import EditError
 from .style import render_scalar
@@ -19,7 +20,9 @@ from .style import render_scalar
 # Sizes a new cluster starts with; machine types that exist in every region
 # that offers zones. Operators change them in the file. Disks stay within what
 # the machine sustains (vm_disk_limits: an r7i.xlarge sustains 6,000 IOPS and
-# 156.25 MB/s across its EBS volumes).
+# 156.25 MB/s across its EBS volumes). "zones": the names of the first three
+# zones where the region's zones are not catalogued (regions.py); otherwise
+# the first three the region has (us-east1 has no zone a).
 SCAFFOLD_DEFAULTS = {
     "azure": {"zones": ["1", "2", "3"], "api": "Standard_D8s_v5", "etcd": "Standard_E8s_v5",
               "disk": "PremiumV2_LRS", "iops": 5000, "throughput": 200, "mtu": 1450},
@@ -28,6 +31,13 @@ SCAFFOLD_DEFAULTS = {
     "gcp": {"zones": ["{region}-a", "{region}-b", "{region}-c"], "api": "n2-standard-8", "etcd": "c3-highmem-4",
             "disk": "hyperdisk-balanced", "iops": 6000, "throughput": 250, "mtu": 1410},
 }
+
+
+def default_zones(cloud: str, region: str) -> list[str]:
+    known = zones_of(cloud, region)
+    if known:
+        return list(known[:3])
+    return [z.format(region=region) for z in SCAFFOLD_DEFAULTS[cloud]["zones"]]
 DEFAULT_KUBERNETES = "1.31.4"
 
 
@@ -89,8 +99,14 @@ def new_cluster_text(
         _shape(zone, Zone, "--zones")
     if network_cidr:
         _shape(network_cidr, PrivateCidr, "--network-cidr")
+    # The same checks as `corral validate`, said in the command's own words.
+    if message := region_error(cloud, region):
+        raise EditError(f"--region: {message}")
+    for zone in zones or []:
+        if message := zone_error(cloud, region, zone):
+            raise EditError(f"--zones: {message}")
     defaults = SCAFFOLD_DEFAULTS[cloud]
-    zones = zones or [z.format(region=region) for z in defaults["zones"]]
+    zones = zones or default_zones(cloud, region)
     taken = [net for _, _, net in fleet_networks(fleet) if net.version == 4]
     if network_cidr:
         mine = ipaddress.ip_network(network_cidr, strict=False)
