@@ -17,6 +17,11 @@
                      `corral nodes health --remediate` and `corral upgrade`
                      hold a node's providerID to before they replace its
                      instance (corral/health/instances.py). Not secret.
+    snapshotRestoreRole  who may read the etcd snapshots: the AWS IAM role's
+                     ARN, the GCP service account's email, the Azure Entra
+                     ID principal's object id ("" when not configured);
+                     `corral etcd restore --from-bucket` reads them as it
+                     (SnapshotBucket.restore_role, added by program.py). Not secret.
 
 `corral join` reads them with `pulumi stack output --json --show-secrets`,
 or from a JSON file holding the same keys (`--outputs`); remediation and the
@@ -36,7 +41,7 @@ from .pki import Pki
 from .platform import ClusterContext
 
 OUTPUT_KEYS = ("apiEndpoint", "caCertificate", "caCertHash", "bootstrapToken", "adminKubeconfig", "vpn", "vpnSharedKeys",
-               "nodeGroups")
+               "nodeGroups", "snapshotRestoreRole")
 SECRET_OUTPUT_KEYS = ("bootstrapToken", "adminKubeconfig", "vpnSharedKeys")
 
 
