@@ -110,6 +110,11 @@ class KnownSecretMocks(PlanMocks):
             state.update(certPem=CERT_PEM)
         elif args.typ == "tls:index/certRequest:CertRequest":
             state.update(certRequestPem="-----BEGIN CERTIFICATE REQUEST-----\nMOCK\n-----END CERTIFICATE REQUEST-----\n")
+        elif args.typ in ("aws:kms/key:Key", "aws:iam/role:Role"):
+            # AWS reports every key's and role's ARN; the snapshot bucket's policies are built from them.
+            kind = "key" if args.typ.startswith("aws:kms") else "role"
+            service = "kms:us-west-2" if kind == "key" else "iam:"
+            state.setdefault("arn", f"arn:aws:{service}:111122223333:{kind}/{args.name}")
         elif args.typ == "random:index/randomBytes:RandomBytes":
             state.update(base64=ENCRYPTION_KEY_B64)
         elif args.typ == "random:index/randomPassword:RandomPassword":
