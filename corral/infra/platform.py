@@ -133,6 +133,26 @@ class ClusterContext:
         """`<cluster>-<part>-...`: every cloud resource name starts with the cluster's."""
         return "-".join((self.cluster.name, *parts))
 
+# Stack setting: who may take the snapshot bucket's restore identity (docs/etcd.md).
+RESTORE_PRINCIPALS_SETTING = "snapshotRestorePrincipals"
+
+
+def restore_principals(pattern, what: str) -> list[str] | None:
+    """Stack setting `corral:snapshotRestorePrincipals`: a list of `what`, each matching
+    `pattern` (a compiled regex); None when unset; a ValueError naming the setting otherwise."""
+    import pulumi
+
+    configured = pulumi.Config("corral").get_object(RESTORE_PRINCIPALS_SETTING)
+    if configured is None:
+        return None
+    where = f"stack setting corral:{RESTORE_PRINCIPALS_SETTING}"
+    if not isinstance(configured, list) or not configured:
+        raise ValueError(f"{where}: expected a list of {what}, got {configured!r}")
+    for principal in configured:
+        if not isinstance(principal, str) or not pattern.fullmatch(principal):
+            raise ValueError(f"{where}: {principal!r} is not one of the {what}")
+    return list(configured)
+
 COMPONENTS = ("Network", "Etcd", "ApiServers", "NodePools", "HybridLink", "SecretStore", "SnapshotBucket")
 
 _warned: set[tuple[int, str]] = set()

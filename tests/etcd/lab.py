@@ -217,6 +217,9 @@ class fake_object_storage:  # noqa: N801
 
         self.s3 = boto3.client("s3", endpoint_url=self.url, region_name="us-east-1",
                                aws_access_key_id="test", aws_secret_access_key="test")
+        # The same server answers KMS: the snapshot bucket's own key (SSE-KMS by default).
+        self.kms = boto3.client("kms", endpoint_url=self.url, region_name="us-east-1",
+                                aws_access_key_id="test", aws_secret_access_key="test")
 
     def objects(self, bucket: str, prefix: str = "") -> list[dict]:
         return self.s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])

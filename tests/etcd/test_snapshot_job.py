@@ -142,8 +142,12 @@ def test_bucket_components_are_versioned_expire_and_grant_members_create_only():
     from corral.infra.gcp.backup import OBJECT_CREATOR
     from corral.infra.gcp.backup import lifecycle_rules as gcp_rules
 
-    assert write_policy("arn:aws:s3:::b")["Statement"] == [
-        {"Sid": "PutEtcdSnapshots", "Effect": "Allow", "Action": ["s3:PutObject"], "Resource": "arn:aws:s3:::b/*"}]
+    key = "arn:aws:kms:us-west-2:111122223333:key/k"
+    assert write_policy("arn:aws:s3:::b", key, "us-west-2")["Statement"] == [
+        {"Sid": "PutEtcdSnapshots", "Effect": "Allow", "Action": ["s3:PutObject"], "Resource": "arn:aws:s3:::b/*"},
+        # The bucket's key, only through S3: every upload, and multipart ones' parts (docs/etcd.md).
+        {"Sid": "EncryptThroughS3", "Effect": "Allow", "Action": ["kms:GenerateDataKey", "kms:Decrypt"],
+         "Resource": key, "Condition": {"StringEquals": {"kms:ViaService": "s3.us-west-2.amazonaws.com"}}}]
     (rule,) = aws_rules(14)
     assert rule["expiration"] == {"days": 14} and rule["noncurrent_version_expiration"] == {"noncurrent_days": 14}
     assert OBJECT_CREATOR == "roles/storage.objectCreator"

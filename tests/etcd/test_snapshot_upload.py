@@ -60,6 +60,11 @@ def test_s3_single_put_and_multipart(tmp_path, files):
     store, imds = fake_object_storage("127.0.0.1"), fake_instance_metadata("127.0.0.1")
     try:
         store.s3.create_bucket(Bucket=BUCKET)
+        # The bucket as corral/infra/aws/backup.py makes it: SSE-KMS with its own key by default.
+        key = store.kms.create_key(Description="etcd snapshots")["KeyMetadata"]["Arn"]
+        store.s3.put_bucket_encryption(Bucket=BUCKET, ServerSideEncryptionConfiguration={"Rules": [{
+            "ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "aws:kms", "KMSMasterKeyID": key},
+            "BucketKeyEnabled": True}]})
         location = SnapshotLocation("aws", "us-east-1", BUCKET)
         for file in files:
             result = upload(tmp_path, location, f"{store.url}/{BUCKET}", imds.url, file, f"etcd/{file.name}")
@@ -68,7 +73,9 @@ def test_s3_single_put_and_multipart(tmp_path, files):
             body = store.s3.get_object(Bucket=BUCKET, Key=f"etcd/{file.name}")["Body"].read()
             assert body == file.read_bytes()
             assert head["Metadata"]["sha256"] == hashlib.sha256(body).hexdigest()
-            assert head["ServerSideEncryption"] == "AES256"
+            # The script asks for no encryption of its own (the bucket policy refuses any
+            # other than the bucket's key), so the bucket's default applies, multipart too.
+            assert head["ServerSideEncryption"] == "aws:kms" and head["SSEKMSKeyId"] == key
         # The large one went up as a multipart upload of 3 parts (ETag "<md5 of md5s>-3").
         assert store.s3.head_object(Bucket=BUCKET, Key="etcd/small.db")["ETag"].count("-") == 0
         assert store.s3.head_object(Bucket=BUCKET, Key="etcd/large.db")["ETag"].endswith('-3"')

@@ -7,6 +7,26 @@ deleting blobs and old versions after `snapshots.retentionDays`. Azure has
 no built-in "create blobs only" role (Storage Blob Data Contributor may also
 read and delete), so a custom role with just the blob write/add data
 actions is assigned to each member's managed identity on the container.
+
+Who reads a snapshot (issue 25, item 6): a read needs a data action, and
+with shared keys off there is no key and no account SAS to read with. The
+built-in Reader role has no data actions ("It doesn't provide read
+permissions to data in Azure Storage, but only to account management
+resources": Azure Storage docs, "Assign an Azure role for access to blob
+data"), so a read-only user sees the account and the container, never a
+blob. The only read grant is Storage Blob Data Reader
+(2a2b9908-6ea1-4ae2-8e65-a410df84e7d1: containers/read and blobs/read) on
+this container, for the restore identity: the Entra ID principal (a group,
+user or service principal) whose object id is stack setting
+`corral:snapshotRestorePrincipalId`, output as `snapshotRestoreRole`;
+`corral etcd restore --from-bucket` downloads as the signed-in `az` user,
+who must be it or in it. Without the setting nobody can read the snapshots
+(the output is empty and the restore command says so). A principal with a
+broader data role on the subscription or resource group (Storage Blob Data
+Owner/Contributor/Reader there) still reads them: role assignments only add.
+Encryption at rest stays Microsoft-managed keys: a customer-managed key in
+Key Vault would not change who reads (Azure Storage decrypts for any
+authorized request), only who controls the key material.
 """
 
 from __future__ import annotations
@@ -19,8 +39,12 @@ import pulumi_azure_native as azure
 from corral.infra.platform import ClusterContext
 from corral.machine.etcd_snapshot import snapshot_location
 
-from .common import location, tags
+from .common import location, subscription_of, tags
+from .secrets import role_definition_id
 
+# Built-in role "Storage Blob Data Reader": read containers and blobs, nothing else.
+BLOB_DATA_READER_ROLE = "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1"
+RESTORE_PRINCIPAL_SETTING = "snapshotRestorePrincipalId"
 WRITE_DATA_ACTIONS = [
     "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/write",
     "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/add/action",
@@ -42,11 +66,25 @@ def management_policy(container: str, retention_days: int) -> dict:
     }]}
 
 
+def restore_principal_id() -> str:
+    """Stack setting `corral:snapshotRestorePrincipalId`: an Entra ID object id (a GUID), or ""."""
+    configured = pulumi.Config("corral").get(RESTORE_PRINCIPAL_SETTING) or ""
+    if configured:
+        try:
+            uuid.UUID(configured)
+        except ValueError:
+            raise ValueError(f"stack setting corral:{RESTORE_PRINCIPAL_SETTING}: {configured!r} is not an Entra ID "
+                             "object id (a GUID such as 00000000-0000-0000-0000-000000000000)") from None
+    return configured
+
+
 class SnapshotBucket(pulumi.ComponentResource):
     """platform.SnapshotBucket on Azure Blob Storage (zone-redundant).
 
-    Attributes: location, account, container, write_role, write_grants
-    (writer -> azure.authorization.RoleAssignment).
+    Attributes: location, account, container, write_role, restore_role (the
+    restore principal's object id, "" when not set), read_grant (its Storage
+    Blob Data Reader assignment, or None), write_grants (writer ->
+    azure.authorization.RoleAssignment).
     """
 
     def __init__(self, name: str, ctx: ClusterContext, opts: pulumi.ResourceOptions | None = None):
@@ -100,8 +138,22 @@ class SnapshotBucket(pulumi.ComponentResource):
             permissions=[{"actions": [], "data_actions": WRITE_DATA_ACTIONS}],
             opts=child,
         )
+        self.restore_role = restore_principal_id()
+        self.read_grant = None
+        if self.restore_role:
+            reader = rn("etcd-snapshot-restore")
+            self.read_grant = azure.authorization.RoleAssignment(
+                reader,
+                role_assignment_name=str(uuid.uuid5(uuid.NAMESPACE_URL, f"corral/{reader}")),
+                principal_id=self.restore_role,
+                role_definition_id=role_definition_id(group.id.apply(subscription_of), BLOB_DATA_READER_ROLE),
+                scope=self.container.id,
+                description=f"restores etcd of {ctx.cluster.name}: reads its snapshots",
+                opts=child,
+            )
         self.write_grants: dict[str, azure.authorization.RoleAssignment] = {}
-        self.register_outputs({"account": self.location.store, "container": self.location.bucket})
+        self.register_outputs({"account": self.location.store, "container": self.location.bucket,
+                               "restore_role": self.restore_role})
 
     def grant_write(self, writer: str, identity: pulumi.Input[str]) -> None:
         name = self.ctx.resource_name("snapshots", "by", writer.removeprefix(self.ctx.cluster.name + "-"))
