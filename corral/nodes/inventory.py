@@ -163,9 +163,10 @@ def pool_ssh_options(cluster: Cluster, pool: OnPremPool) -> list[str]:
 
 
 def connection_vars(cluster: Cluster, pool: OnPremPool) -> dict[str, Any]:
-    """The pool's connection variables (ansible-core's ssh connection plugin,
-    docs.ansible.com ansible.builtin.ssh connection): None where ssh's or
-    Ansible's default applies."""
+    """The pool's connection variables (ansible-core's ssh connection plugin:
+    docs.ansible.com/ansible/latest/plugins/connection/ssh.html, variables
+    ansible_user, ansible_port, ansible_ssh_private_key_file,
+    ansible_host_key_checking); left out where ssh's or Ansible's default applies."""
     ssh = cluster.ssh_for(pool)
     found = {
         # Beats ANSIBLE_HOST_KEY_CHECKING=False in an operator's environment:
