@@ -10,13 +10,14 @@ from __future__ import annotations
 import difflib
 import types
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from . import rules
+from . import fleet_rules, rules
 from .document import Document, PathElem, Problem, ValidationFailed
 from .schema import PROVIDERS, Cluster, shown
 
@@ -168,6 +169,20 @@ def cluster_files(paths: list[Path]) -> list[Path]:
     return files
 
 
+def fleet_problems(findings: Iterable[fleet_rules.FleetFinding], documents: dict[str, Document]) -> list[Problem]:
+    """Fleet findings as problems at their files' lines, each naming the other file's line it conflicts with."""
+    problems = []
+    for finding in findings:
+        other_place = ""
+        if finding.other is not None:
+            other_name, other_path = finding.other
+            other_doc = documents[other_name]
+            line, _ = other_doc.position(other_path)
+            other_place = f"{other_doc.display}:{line}"
+        problems.append(documents[finding.cluster].problem(finding.path, finding.text(other_place)))
+    return problems
+
+
 def load_fleet(paths: list[Path | str]) -> Fleet:
     """Every cluster under `paths`, with file and fleet rules; all problems at once."""
     fleet = Fleet()
@@ -195,8 +210,7 @@ def load_fleet(paths: list[Path | str]) -> Fleet:
             continue
         fleet.clusters[cluster.name] = cluster
         fleet.documents[cluster.name] = doc
-    for name, path_, message in rules.check_fleet(fleet.clusters):
-        problems.append(fleet.documents[name].problem(path_, message))
+    problems += fleet_problems(fleet_rules.check_fleet(fleet.clusters), fleet.documents)
     if problems:
         raise ValidationFailed(problems)
     return fleet

@@ -17,7 +17,7 @@ from ruamel.yaml import YAML
 
 from corral.model import Cluster, ValidationFailed
 from corral.model.document import Document
-from corral.model import rules
+from corral.model import fleet_rules
 from corral.model.loader import parse_document
 
 from .helpers import example
@@ -57,7 +57,7 @@ def _check(text: str) -> None:
         cluster = parse_document(doc)
         assert isinstance(cluster, Cluster)
         # The fleet rules must take whatever the file rules let through.
-        list(rules.check_fleet({cluster.name: cluster, "other": cluster}))
+        list(fleet_rules.check_fleet({cluster.name: cluster, "other": cluster}))
     except ValidationFailed as failed:
         assert failed.problems, "ValidationFailed without problems"
         for problem in failed.problems:

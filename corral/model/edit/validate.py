@@ -6,9 +6,9 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
-from .. import rules
 from ..document import Document, Problem, ValidationFailed
-from ..loader import CLUSTER_SUFFIX, parse_document
+from ..fleet_rules import check_fleet
+from ..loader import CLUSTER_SUFFIX, fleet_problems, parse_document
 from ..schema import Cluster
 
 
@@ -37,14 +37,17 @@ def validate_edit(path: Path, new_text: str, display: str | None = None) -> Clus
     if cluster.name != expected:
         raise ValidationFailed([doc.problem(("name",), f"name '{cluster.name}' differs from the file name '{path.name}'")])
     others: dict[str, Cluster] = {}
+    documents: dict[str, Document] = {expected: doc}
     folder = path.parent
     for other in sorted(folder.glob(f"*{CLUSTER_SUFFIX}")) if folder.is_dir() else []:
         if other.resolve() == path.resolve():
             continue
         try:
-            others[other.name.removesuffix(CLUSTER_SUFFIX)] = parse_document(Document.read(other))
+            other_doc = Document.read(other)
+            others[other.name.removesuffix(CLUSTER_SUFFIX)] = parse_document(other_doc)
         except ValidationFailed:
             continue  # its own problem; `corral validate` reports it
+        documents[other.name.removesuffix(CLUSTER_SUFFIX)] = other_doc
     before_cluster = None
     if path.is_file():
         try:
@@ -52,23 +55,19 @@ def validate_edit(path: Path, new_text: str, display: str | None = None) -> Clus
         except ValidationFailed:
             before_cluster = None
 
-    def fleet_findings(mine: Cluster | None) -> set[tuple[str, str]]:
+    def fleet_findings(mine: Cluster | None) -> set[tuple]:
         fleet = dict(others)
         if mine is not None:
             fleet[expected] = mine
-        return {(n, m) for n, _, m in rules.check_fleet(fleet)}
+        # Without paths: the edit moves lines, not what a finding is about.
+        return {(f.cluster, f.message, f.other and f.other[0]) for f in check_fleet(fleet, blame=expected)}
 
     before = fleet_findings(before_cluster)
-    problems: list[Problem] = []
     fleet = dict(others)
     fleet[expected] = cluster
-    for owner, where, message in rules.check_fleet(fleet):
-        if (owner, message) in before:
-            continue
-        if owner == expected:
-            problems.append(doc.problem(where, message))
-        else:
-            problems.append(Problem(str(folder / f"{owner}{CLUSTER_SUFFIX}"), 1, 1, tuple(where), message))
+    new_findings = [f for f in check_fleet(fleet, blame=expected)
+                    if (f.cluster, f.message, f.other and f.other[0]) not in before]
+    problems: list[Problem] = fleet_problems(new_findings, documents)
     if problems:
         raise ValidationFailed(problems)
     return cluster
