@@ -77,6 +77,12 @@ def account_of(arn: str) -> tuple[str, str]:
     return parts[1], parts[4]
 
 
+def bucket_arn_beside(key_arn: str, bucket: str) -> str:
+    """The bucket's ARN (`arn:<partition>:s3:::<name>`) in the key's partition: known from the
+    name, so the policies name it whether or not the provider reported the bucket's `arn` yet."""
+    return f"arn:{account_of(key_arn)[0]}:s3:::{bucket}"
+
+
 def write_policy(bucket_arn: str, key_arn: str, region: str) -> dict:
     """Create objects in the bucket; no list, read or delete: a member cannot erase history.
     The key only through S3: GenerateDataKey for every upload, Decrypt for multipart ones."""
@@ -167,11 +173,11 @@ def lifecycle_rules(retention_days: int) -> list[dict]:
     }]
 
 
-def restore_principals(account_root: str) -> list[str]:
-    """Stack setting `corral:snapshotRestorePrincipals` (IAM ARNs), else the account."""
+def configured_restore_principals() -> list[str] | None:
+    """Stack setting `corral:snapshotRestorePrincipals` (IAM ARNs); None: the account's (see above)."""
     return platform.restore_principals(
         IAM_PRINCIPAL, "IAM user, role or account root ARNs (arn:aws:iam::<12 digits>:role/NAME)",
-    ) or [account_root]
+    )
 
 
 class SnapshotBucket(pulumi.ComponentResource):
@@ -199,12 +205,15 @@ class SnapshotBucket(pulumi.ComponentResource):
             tags=tags(ctx, name), opts=kept,
         )
         aws.kms.Alias(name, name=f"alias/corral/{name}", target_key_id=self.key.key_id, opts=child)
-        account_root = self.key.arn.apply(lambda arn: "arn:{}:iam::{}:root".format(*account_of(arn)))
+        # Checked here, not inside an apply: a bad setting is one clear error.
+        configured = configured_restore_principals()
+        principals = (pulumi.Output.from_input(configured) if configured else
+                      self.key.arn.apply(lambda arn: ["arn:{}:iam::{}:root".format(*account_of(arn))]))
         role_name = ctx.resource_name("etcd-snapshot-restore")
         self.restore_role_resource = aws.iam.Role(
             role_name, name=role_name,
             description=f"Restore etcd of {ctx.cluster.name}: read its snapshots (corral etcd restore --from-bucket)",
-            assume_role_policy=account_root.apply(lambda root: json.dumps(restore_trust_policy(restore_principals(root)))),
+            assume_role_policy=principals.apply(lambda arns: json.dumps(restore_trust_policy(arns))),
             max_session_duration=3600, tags=tags(ctx, role_name), opts=child,
         )
         self.restore_role = self.restore_role_resource.arn
@@ -215,8 +224,7 @@ class SnapshotBucket(pulumi.ComponentResource):
         )
         aws.iam.RolePolicy(
             role_name, role=self.restore_role_resource.id,
-            policy=pulumi.Output.all(self.bucket.arn, self.key.arn).apply(
-                lambda arns: json.dumps(restore_policy(arns[0], arns[1], region))),
+            policy=self.key.arn.apply(lambda key: json.dumps(restore_policy(self._bucket_arn(key), key, region))),
             opts=child,
         )
         aws.kms.KeyPolicy(
@@ -231,8 +239,8 @@ class SnapshotBucket(pulumi.ComponentResource):
         )
         self.bucket_policy = aws.s3.BucketPolicy(
             name, bucket=self.bucket.id,
-            policy=pulumi.Output.all(self.bucket.arn, self.key.arn, self.restore_role).apply(
-                lambda arns: json.dumps(bucket_policy(*arns))),
+            policy=pulumi.Output.all(self.key.arn, self.restore_role).apply(
+                lambda arns: json.dumps(bucket_policy(self._bucket_arn(arns[0]), *arns))),
             opts=child,
         )
         aws.s3.BucketVersioning(name, bucket=self.bucket.id, versioning_configuration={"status": "Enabled"}, opts=child)
@@ -248,12 +256,14 @@ class SnapshotBucket(pulumi.ComponentResource):
         self.write_policies: dict[str, aws.iam.RolePolicy] = {}
         self.register_outputs({"bucket": self.location.bucket, "restore_role": self.restore_role})
 
+    def _bucket_arn(self, key_arn: str) -> str:
+        return bucket_arn_beside(key_arn, self.location.bucket)
+
     def grant_write(self, writer: str, identity: aws.iam.Role) -> None:
         region = self.location.store
         self.write_policies[writer] = aws.iam.RolePolicy(
             self.ctx.resource_name("snapshots", "by", writer.removeprefix(self.ctx.cluster.name + "-")),
             role=identity.id,
-            policy=pulumi.Output.all(self.bucket.arn, self.key.arn).apply(
-                lambda arns: json.dumps(write_policy(arns[0], arns[1], region))),
+            policy=self.key.arn.apply(lambda key: json.dumps(write_policy(self._bucket_arn(key), key, region))),
             opts=pulumi.ResourceOptions(parent=self),
         )
