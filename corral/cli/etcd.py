@@ -155,9 +155,37 @@ def _restore_everywhere(cluster, events: bool, snapshot_file: Path, addresses, s
               f"{result.seconds:.0f} s ({steps})", markup=False)
 
 
+def _fetch_from_bucket(cluster, events: bool, object_name: str, dest: Path, restore_role: Optional[str],
+                       sha256: Optional[str]) -> Optional[str]:
+    """Download the snapshot as the cluster's restore identity; the SHA-256 the restore must check."""
+    from corral.etcd import EtcdError
+    from corral.etcd.snapshot_download import download_snapshot, restore_identity
+    from corral.machine.etcd_snapshot import snapshot_location, snapshot_prefix
+
+    if cluster.control_plane.cloud not in ("aws", "gcp", "azure"):
+        fail(f"cluster {cluster.name} keeps no snapshots in a cloud bucket")
+    try:
+        identity = restore_identity(cluster.name, restore_role)
+        got = download_snapshot(snapshot_location(cluster), snapshot_prefix(events), object_name, dest, identity)
+    except EtcdError as error:
+        fail(str(error))
+    out.print(f"downloaded {got.object_name} to {got.path} as {identity}"
+              + (f" (recorded sha256 {got.sha256})" if got.sha256 else ""), markup=False)
+    if sha256 and got.sha256 and sha256.lower() != got.sha256.lower():
+        fail(f"--sha256 {sha256} is not the object's recorded sha256 {got.sha256}: which one is meant?")
+    return sha256 or got.sha256
+
+
 @app.command()
 def restore(name: ClusterArg, snapshot_file: Annotated[Path, typer.Argument(
-                help="Snapshot file (from the bucket or `corral etcd snapshot`).", exists=True, dir_okay=False)],
+                help="Snapshot file (from `corral etcd snapshot`, or where --from-bucket downloads to).",
+                dir_okay=False)],
+            from_bucket: Annotated[Optional[str], typer.Option(
+                "--from-bucket", help="Download this object of the cluster's snapshot bucket (or 'latest': the "
+                                      "newest) to SNAPSHOT_FILE first, as the restore identity (docs/etcd.md).")] = None,
+            restore_role: Annotated[Optional[str], typer.Option(
+                help="--from-bucket: the restore identity (role ARN / service account email / Entra object id); "
+                     "default: the stack output snapshotRestoreRole.")] = None,
             all_members: Annotated[bool, typer.Option(
                 "--all", help="Rebuild the WHOLE cluster over ssh: stop etcd on every member, restore this "
                               "snapshot on each with a new cluster token, start all, wait for health.")] = False,
@@ -166,7 +194,8 @@ def restore(name: ClusterArg, snapshot_file: Annotated[Path, typer.Argument(
             data_dir: Annotated[Optional[Path], typer.Option(
                 help="Without --all: where the restored data dir goes (must not exist).")] = None,
             sha256: Annotated[Optional[str], typer.Option(
-                help="--all: the SHA-256 the file must have (the bucket object's sha256 metadata).")] = None,
+                help="The SHA-256 the file must have (the bucket object's sha256 metadata; --from-bucket reads it "
+                     "itself on AWS and Azure).")] = None,
             ssh: Annotated[str, typer.Option(
                 envvar="CORRAL_ETCD_SSH", help="--all: the ssh command and its options "
                                                "(e.g. 'ssh -i key -J bastion').")] = "ssh",
@@ -187,20 +216,30 @@ def restore(name: ClusterArg, snapshot_file: Annotated[Path, typer.Argument(
     from corral.machine.etcd_member import etcd_cluster_token
 
     cluster = cluster_or_exit(clusters, name)
+    if all_members and (member or data_dir):
+        fail("--all rebuilds every member: --member and --data-dir are for one member's data dir")
+    if not all_members and not (member and data_dir):
+        fail("say what to restore: --all (the whole cluster, over ssh) or --member NAME --data-dir DIR")
+    if from_bucket:
+        sha256 = _fetch_from_bucket(cluster, events, from_bucket, snapshot_file, restore_role, sha256)
+    elif not snapshot_file.is_file():
+        fail(f"{snapshot_file} does not exist (to fetch it from the cluster's bucket: --from-bucket OBJECT|latest)")
     if all_members:
-        if member or data_dir:
-            fail("--all rebuilds every member: --member and --data-dir are for one member's data dir")
         _restore_everywhere(cluster, events, snapshot_file, member_address, ssh, ssh_user, sha256, wipe_healthy,
                             timeout)
         return
-    if not (member and data_dir):
-        fail("say what to restore: --all (the whole cluster, over ssh) or --member NAME --data-dir DIR")
     members = _members(cluster, events)
     this = next((m for m in members if m.name == member), None)
     if this is None:
         fail(f"{member} is not a member of {name}'s etcd ({', '.join(m.name for m in members)})")
     if data_dir.exists():
         fail(f"{data_dir} exists: restore into a new directory, then move it in place")
+    if sha256:
+        from corral.etcd.restore import file_sha256
+
+        actual = file_sha256(snapshot_file)
+        if actual != sha256.lower():
+            fail(f"{snapshot_file}: SHA-256 {actual} is not the expected {sha256} (a partial download or another object)")
     ctl = Etcdctl([])
     try:
         ctl.snapshot_status(str(snapshot_file))
