@@ -103,7 +103,27 @@ class ApiServerReady(pulumi.dynamic.Resource):
         )
 
 
+# The API servers' token: kubeadm's default group (they join as control plane,
+# with the rights `kubeadm init` binds to it). Every pool's token: its pool's
+# own group (corral.nodes.join.pool_token_group), which kubeadm's
+# `kubeadm:node-autoapprove-bootstrap` binding does not cover, so its kubelet
+# client requests are approved only by corral-node-approver, and only for that
+# pool's machines (corral/manifests/node_approver.py binds the groups what
+# `kubeadm join` needs).
 BOOTSTRAP_TOKEN_GROUP = "system:bootstrappers:kubeadm:default-node-token"
+API_SERVERS_TOKEN = "apiservers"
+POOL_TOKEN_PREFIX = "pool-"
+
+
+def token_group(what: str) -> str:
+    """The auth-extra-groups of the token `what` joins with ("apiservers", "pool-<name>")."""
+    from corral.nodes.join import pool_token_group
+
+    if what == API_SERVERS_TOKEN:
+        return BOOTSTRAP_TOKEN_GROUP
+    if what.startswith(POOL_TOKEN_PREFIX):
+        return pool_token_group(what[len(POOL_TOKEN_PREFIX):])
+    raise ValueError(f"bootstrap token {what!r}: expected {API_SERVERS_TOKEN!r} or '{POOL_TOKEN_PREFIX}<pool>'")
 # How far ahead of this machine's clock the rotation time may be (the clock that wrote it).
 ROTATION_CLOCK_SKEW = datetime.timedelta(minutes=5)
 
@@ -151,8 +171,8 @@ def token_expiration(rotation: str | None, ttl_hours: int, now: datetime.datetim
     return expires.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def bootstrap_token_secret(token: str, description: str, expiration: str) -> dict:
-    """The kube-system Secret that makes `token` a bootstrap token (what `kubeadm token create` writes)."""
+def bootstrap_token_secret(token: str, description: str, expiration: str, group: str) -> dict:
+    """The kube-system Secret that makes `token` a bootstrap token in `group` (what `kubeadm token create` writes)."""
     token_id, token_secret = token.split(".", 1)
     return {
         "name": f"bootstrap-token-{token_id}",
@@ -162,7 +182,7 @@ def bootstrap_token_secret(token: str, description: str, expiration: str) -> dic
             "expiration": expiration,
             "usage-bootstrap-authentication": "true",
             "usage-bootstrap-signing": "true",
-            "auth-extra-groups": BOOTSTRAP_TOKEN_GROUP,
+            "auth-extra-groups": group,
             "description": description,
         },
     }
@@ -261,7 +281,8 @@ class Addons(pulumi.ComponentResource):
             expiration = token_expiration(token_rotation, token_ttl_hours, datetime.datetime.now(datetime.timezone.utc))
             for what, token in bootstrap_tokens.items():
                 secret = pulumi.Output.secret(token).apply(
-                    lambda value, what=what: bootstrap_token_secret(value, f"corral: machines of {what} join with this token", expiration)
+                    lambda value, what=what: bootstrap_token_secret(
+                        value, f"corral: machines of {what} join with this token", expiration, token_group(what))
                 )
                 self.bootstrap_tokens[what] = k8s.core.v1.Secret(
                     f"{name}-bootstrap-token-{what}",

@@ -39,6 +39,19 @@ GPU_TAINT_KEY = "nvidia.com/gpu"
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
 # Every pool's nodes name their pool (Cluster.node_labels).
 POOL_LABEL = f"{LABEL_DOMAIN}/pool"
+# What a node's own kubelet says of it (its --node-labels, corral.dev/team and
+# corral.dev/pool among them) it can change at any time: NodeRestriction only
+# keeps kubelets off `node-restriction.kubernetes.io/` labels (and most
+# kubernetes.io/k8s.io ones) (kubernetes/website, admission-controllers.md,
+# NodeRestriction). So placement by team or pool keys on labels under that
+# prefix, which only corral-node-approver (corral/certs/node_approver.py) and
+# admins set, from the cluster file: a compromised shared node cannot label
+# itself into a team's pool and attract the team's pods.
+NODE_RESTRICTION_PREFIX = "node-restriction.kubernetes.io"
+TEAM_NODE_LABEL = f"{NODE_RESTRICTION_PREFIX}/corral-team"
+POOL_NODE_LABEL = f"{NODE_RESTRICTION_PREFIX}/corral-pool"
+# The kubelet-set labels pods may not select nodes by (placement policy, rule 5).
+KUBELET_SET_PLACEMENT_LABELS = (TEAM_TAINT_KEY, POOL_LABEL)
 
 # PodTolerationRestriction namespace annotations.
 DEFAULT_TOLERATIONS_ANNOTATION = "scheduler.alpha.kubernetes.io/defaultTolerations"
@@ -203,7 +216,8 @@ def namespace_annotations(cluster: Cluster, team: Team) -> dict[str, str]:
     if team.reserved_pools:
         annotations[DEFAULT_TOLERATIONS_ANNOTATION] = _compact_json([team_toleration(team.name)])
         # For people: `kubectl get ns <ns> -o yaml` says which machines are theirs
-        # (nodes carry corral.dev/team=<team> for a nodeSelector).
+        # (nodes carry TEAM_NODE_LABEL=<team> for a nodeSelector, set by
+        # corral-node-approver; never the kubelet-set corral.dev/team).
         annotations[RESERVED_POOLS_ANNOTATION] = ",".join(team.reserved_pools)
     return annotations
 
@@ -308,6 +322,10 @@ def kubernetes_namespaces(cluster: Cluster) -> list[dict]:
 #    and only in that team's namespaces. PodTolerationRestriction whitelists
 #    can allow but never forbid a key, and a namespace without a whitelist
 #    may tolerate anything; this rule forbids.
+# 5. No node selection (nodeSelector, required or preferred node affinity) by
+#    the kubelet-set `corral.dev/team` or `corral.dev/pool`: a node's own
+#    kubelet can put them on itself. The message names TEAM_NODE_LABEL and
+#    POOL_NODE_LABEL, which only corral-node-approver sets.
 
 CONTROL_PLANE_TAINT_KEY = "node-role.kubernetes.io/control-plane"
 PLACEMENT_POLICY_NAME = "corral-pod-placement"
@@ -355,6 +373,25 @@ TEAM_POLICY_MESSAGE = (
 ).format(key=TEAM_TAINT_KEY)
 
 
+_KUBELET_SET_KEYS = "[" + ", ".join(f"'{key}'" for key in KUBELET_SET_PLACEMENT_LABELS) + "]"
+_NODE_AFFINITY = "object.spec.affinity.nodeAffinity"
+_REQUIRED_TERMS = f"{_NODE_AFFINITY}.requiredDuringSchedulingIgnoredDuringExecution"
+_PREFERRED_TERMS = f"{_NODE_AFFINITY}.preferredDuringSchedulingIgnoredDuringExecution"
+_NO_KUBELET_SET_KEY = f"!has(term.matchExpressions) || term.matchExpressions.all(e, !(e.key in {_KUBELET_SET_KEYS}))"
+NODE_LABEL_EXPRESSION = (
+    f"(!has(object.spec.nodeSelector) || !object.spec.nodeSelector.exists(k, k in {_KUBELET_SET_KEYS})) && "
+    f"(!has(object.spec.affinity) || !has(object.spec.affinity.nodeAffinity) || ("
+    f"(!has({_REQUIRED_TERMS}) || {_REQUIRED_TERMS}.nodeSelectorTerms.all(term, {_NO_KUBELET_SET_KEY})) && "
+    f"(!has({_PREFERRED_TERMS}) || {_PREFERRED_TERMS}.all(p, "
+    f"{_NO_KUBELET_SET_KEY.replace('term.', 'p.preference.')}))))"
+)
+NODE_LABEL_MESSAGE = (
+    f"'pods in namespace ' + request.namespace + ' may not select nodes by {TEAM_TAINT_KEY} or {POOL_LABEL}: "
+    f"the kubelet of a node can set those on it; select {TEAM_NODE_LABEL} or {POOL_NODE_LABEL}, which only "
+    "corral-node-approver sets'"
+)
+
+
 def _cel_string(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
@@ -384,6 +421,7 @@ def placement_policy(cluster: Cluster) -> dict:
             {"expression": WILDCARD_EXPRESSION, "messageExpression": WILDCARD_MESSAGE, "reason": "Forbidden"},
             {"expression": CONTROL_PLANE_EXPRESSION, "messageExpression": CONTROL_PLANE_MESSAGE, "reason": "Forbidden"},
             {"expression": TEAM_POLICY_EXPRESSION, "messageExpression": TEAM_POLICY_MESSAGE, "reason": "Forbidden"},
+            {"expression": NODE_LABEL_EXPRESSION, "messageExpression": NODE_LABEL_MESSAGE, "reason": "Forbidden"},
         ],
     }
 

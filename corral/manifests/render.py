@@ -116,6 +116,11 @@ def _hash(*texts: str) -> str:
     return digest.hexdigest()[:16]
 
 
+def _files_hash(files: dict[str, str]) -> str:
+    """One hash of a ConfigMap's files, names and contents (a pod annotation: restart on change)."""
+    return _hash(*(f"{k}\0{v}" for k, v in sorted(files.items())))
+
+
 # --- add-ons ------------------------------------------------------------------
 
 
@@ -295,6 +300,28 @@ def kubelet_csr_approver(cluster: Cluster) -> list[dict]:
     )
 
 
+def node_approver(cluster: Cluster) -> list[dict]:
+    from corral.certs.node_approver import SIGNER
+
+    from . import node_approver as approver
+
+    files = approver.files(cluster)
+    return _template(
+        "node-approver",
+        approver=approver.NAME,
+        namespace=approver.NAMESPACE,
+        image=approver.IMAGE,
+        files=files,
+        config_hash=_files_hash(files),
+        signer=SIGNER,
+        pool_groups=approver.pool_groups(cluster),
+        join_cluster_roles=approver.JOIN_CLUSTER_ROLES,
+        join_kube_system_roles=approver.JOIN_KUBE_SYSTEM_ROLES,
+        affinity=policy.autoscaler_affinity(),
+        scope=approver.label_scope_policy(),
+    )
+
+
 def monitoring_stack(cluster: Cluster) -> list[dict]:
     gpu = bool(policy.gpu_pools(cluster))
     try:
@@ -387,7 +414,7 @@ def gpu_health(cluster: Cluster) -> list[dict]:
         namespace=addon.NAMESPACE,
         image=addon.IMAGE,
         files=files,
-        config_hash=_hash(*(f"{k}\0{v}" for k, v in sorted(files.items()))),
+        config_hash=_files_hash(files),
         gpu_node_selector=policy.gpu_node_selector(),
         sa_user=f"system:serviceaccount:{addon.NAMESPACE}:{addon.NAME}",
         agent_taints=[PREFLIGHT_TAINT_KEY, UNHEALTHY_TAINT_KEY],
@@ -399,7 +426,7 @@ def gpu_health(cluster: Cluster) -> list[dict]:
 # Every add-on corral knows, in apply order, with when it applies.
 ADDON_NAMES = (
     "flannel", "network-policy", "pod-security", "teams", "scheduling", "nvidia-device-plugin", "rdma-shared-device-plugin",
-    "gpu-health", "cluster-autoscaler", "kubelet-csr-approver", "monitoring",
+    "gpu-health", "cluster-autoscaler", "kubelet-csr-approver", "node-approver", "monitoring",
 )
 
 
@@ -418,6 +445,7 @@ def render(cluster: Cluster) -> list[Addon]:
         ("gpu-health", bool(policy.gpu_pools(cluster)), gpu_health),
         ("cluster-autoscaler", bool(cluster.cloud_pools), cluster_autoscaler),
         ("kubelet-csr-approver", True, kubelet_csr_approver),
+        ("node-approver", True, node_approver),
         ("monitoring", True, monitoring_stack),
     ]
     addons = [_split_patches(name, build(cluster)) for name, wanted, build in parts if wanted]

@@ -39,10 +39,11 @@ USERNAME = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
 
 # The Node fields cordon/uncordon leave alone, compared old to new (a typed
 # object's fields cannot be iterated in CEL, so they are named).
-_FIXED_SPEC_FIELDS = ("taints", "providerID", "podCIDR", "podCIDRs")
+# (name, its CEL value when unset); also held by corral-node-approver's policy.
+FIXED_SPEC_FIELDS = (("taints", "[]"), ("providerID", "''"), ("podCIDR", "''"), ("podCIDRs", "[]"))
 
 
-def _field(obj: str, path: str, empty: str) -> str:
+def field_or_empty(obj: str, path: str, empty: str) -> str:
     """CEL for `obj.path`, or `empty` where it is not set."""
     parent, _, name = path.rpartition(".")
     return f"(has({obj}.{path}) ? {obj}.{path} : {empty})" if parent else f"{obj}.{path}"
@@ -50,16 +51,15 @@ def _field(obj: str, path: str, empty: str) -> str:
 
 def _scope_validations() -> list[dict[str, str]]:
     same = [
-        {"expression": f"{_field('object', 'metadata.labels', '{}')} == {_field('oldObject', 'metadata.labels', '{}')}",
+        {"expression": f"{field_or_empty('object', 'metadata.labels', '{}')} == {field_or_empty('oldObject', 'metadata.labels', '{}')}",
          "message": "the node runner may not change a node's labels"},
         {"expression": (f"variables.newAnnotations.all(k, k == '{CORDON_ANNOTATION}' || "
                         "(k in variables.oldAnnotations && variables.oldAnnotations[k] == variables.newAnnotations[k])) && "
                         f"variables.oldAnnotations.all(k, k == '{CORDON_ANNOTATION}' || k in variables.newAnnotations)"),
          "message": f"the node runner may change only the {CORDON_ANNOTATION} annotation of a node"},
     ]
-    for name in _FIXED_SPEC_FIELDS:
-        empty = "[]" if name in ("taints", "podCIDRs") else "''"
-        same.append({"expression": f"{_field('object', f'spec.{name}', empty)} == {_field('oldObject', f'spec.{name}', empty)}",
+    for name, empty in FIXED_SPEC_FIELDS:
+        same.append({"expression": f"{field_or_empty('object', f'spec.{name}', empty)} == {field_or_empty('oldObject', f'spec.{name}', empty)}",
                      "message": f"the node runner may not change a node's spec.{name} (only spec.unschedulable)"})
     return same
 
@@ -76,8 +76,8 @@ def scope_policy_objects(labels: dict[str, str]) -> list[dict[str, Any]]:
                  {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["nodes"]}]},
              "matchConditions": [{"name": "node-runner", "expression": f"request.userInfo.username == '{USERNAME}'"}],
              "variables": [
-                 {"name": "oldAnnotations", "expression": _field("oldObject", "metadata.annotations", "{}")},
-                 {"name": "newAnnotations", "expression": _field("object", "metadata.annotations", "{}")},
+                 {"name": "oldAnnotations", "expression": field_or_empty("oldObject", "metadata.annotations", "{}")},
+                 {"name": "newAnnotations", "expression": field_or_empty("object", "metadata.annotations", "{}")},
              ],
              "validations": _scope_validations(),
          }},

@@ -139,7 +139,30 @@ def join_material(cluster: str, outputs_file: Path | None) -> dict[str, Any]:
 # bootstrap-tokens/): kube-system/bootstrap-token-<id>.
 TOKEN_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
 TOKEN_NAMESPACE = "kube-system"
-TOKEN_GROUP = "system:bootstrappers:kubeadm:default-node-token"
+# The group a pool's join token authenticates in (auth-extra-groups), one per
+# pool and never kubeadm's default group (system:bootstrappers:kubeadm:
+# default-node-token), which kubeadm's `kubeadm:node-autoapprove-bootstrap`
+# binding lets kube-controller-manager approve for ANY node name
+# (cmd/kubeadm/app/phases/bootstraptoken/node/tlsbootstrap.go). Requests from
+# these groups are approved only by corral-node-approver, only for the pool's
+# own machines (corral/certs/node_approver.py); corral-node-approver's add-on
+# binds them what `kubeadm join` needs. Extra groups must match
+# `system:bootstrappers:[a-z0-9:-]{0,255}[a-z0-9]` (k8s.io/cluster-bootstrap
+# token/api/types.go BootstrapGroupPattern): pool names are DNS labels of at
+# most 40 characters, so every pool's group does.
+POOL_TOKEN_GROUP_PREFIX = "system:bootstrappers:corral:pool:"
+
+
+def pool_token_group(pool: str) -> str:
+    return f"{POOL_TOKEN_GROUP_PREFIX}{pool}"
+
+
+def onprem_token_groups(cluster: Cluster, hosts: list[str]) -> tuple[str, ...]:
+    """The groups of one `corral join` run's token: the pools of the hosts it joins."""
+    owners = inv.host_pool(cluster)
+    return tuple(sorted({pool_token_group(owners[host]) for host in hosts if host in owners}))
+
+
 DEFAULT_TOKEN_TTL = "4h"
 MIN_TOKEN_TTL, MAX_TOKEN_TTL = timedelta(minutes=5), timedelta(hours=24)
 # `--check` joins nothing, so it creates no token; the roles only check the format.
@@ -174,7 +197,7 @@ class BootstrapToken:
     def name(self) -> str:
         return f"bootstrap-token-{self.token_id}"
 
-    def manifest(self, description: str) -> dict[str, Any]:
+    def manifest(self, description: str, groups: tuple[str, ...]) -> dict[str, Any]:
         return {
             "apiVersion": "v1",
             "kind": "Secret",
@@ -188,7 +211,7 @@ class BootstrapToken:
                 "expiration": self.expiration.strftime("%Y-%m-%dT%H:%M:%SZ"),
                 "usage-bootstrap-authentication": "true",
                 "usage-bootstrap-signing": "true",
-                "auth-extra-groups": TOKEN_GROUP,
+                "auth-extra-groups": ",".join(groups),
             },
         }
 
@@ -255,16 +278,22 @@ def _masked(text: str, token: BootstrapToken) -> str:
 def fresh_bootstrap_token(
     access: ClusterAccess, ttl: timedelta, description: str,
     on_warning: Callable[[str], None] = lambda message: None,
+    groups: tuple[str, ...] = (),
 ) -> Iterator[BootstrapToken]:
     """A new bootstrap token for one join run, deleted when the run ends.
+
+    `groups`: the run's pools' token groups (`onprem_token_groups`); a token
+    without one could join nothing, so none is refused.
 
     Created with `kubectl create` (not `apply`, whose last-applied annotation
     would keep the secret in plain text), from stdin (never argv). Should the
     deletion fail, the token still expires at its `expiration`, and the
     API server's token cleaner removes it.
     """
+    if not groups:
+        raise JoinError("the join's bootstrap token needs the token group of at least one on-prem pool")
     token = new_bootstrap_token(ttl)
-    result = access.kubectl(["create", "-f", "-", "-o", "name"], json.dumps(token.manifest(description)))
+    result = access.kubectl(["create", "-f", "-", "-o", "name"], json.dumps(token.manifest(description, groups)))
     if result.returncode != 0:
         raise JoinError(f"could not create the join's bootstrap token in {TOKEN_NAMESPACE}: "
                         f"{_masked(result.stderr or result.stdout, token)}")
@@ -276,7 +305,7 @@ def fresh_bootstrap_token(
         if result.returncode != 0:
             on_warning(f"could not delete bootstrap token {token.token_id} "
                        f"({_masked(result.stderr, token)}); it expires at "
-                       f"{token.manifest('')['stringData']['expiration']}")
+                       f"{token.expiration:%Y-%m-%dT%H:%M:%SZ}")
 
 
 _SHARD = re.compile(r"([1-9][0-9]*)/([1-9][0-9]*)\Z")

@@ -111,8 +111,44 @@ DENIED = [
     ("every team's taint, any effect", "default", pod({"key": TEAM_TAINT_KEY, "operator": "Exists"})),
 ]
 
+# Rule 5 (issue 25, item 9): no node selection by labels a node's kubelet sets on itself.
+def selecting(node_selector: dict | None = None, required: list | None = None, preferred: list | None = None) -> dict:
+    spec = pod()
+    if node_selector is not None:
+        spec["nodeSelector"] = node_selector
+    affinity: dict = {}
+    if required is not None:
+        affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {"nodeSelectorTerms": required}
+    if preferred is not None:
+        affinity["preferredDuringSchedulingIgnoredDuringExecution"] = preferred
+    if affinity:
+        spec["affinity"] = {"nodeAffinity": affinity}
+    return spec
+
+
+def expression(key: str, value: str) -> dict:
+    return {"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]}
+
+
+DENIED += [
+    ("nodeSelector on the kubelet-set team label", "robotics", selecting({TEAM_TAINT_KEY: "robotics"})),
+    ("nodeSelector on the kubelet-set pool label", "default", selecting({policy.POOL_LABEL: "gpu-h100-robotics"})),
+    ("required affinity on the kubelet-set team label", "robotics",
+     selecting(required=[expression("kubernetes.io/arch", "amd64"), expression(TEAM_TAINT_KEY, "robotics")])),
+    ("preferred affinity on the kubelet-set pool label", "robotics",
+     selecting(preferred=[{"weight": 1, "preference": expression(policy.POOL_LABEL, "gpu-h100-robotics")}])),
+]
+
 ALLOWED = [
     ("no tolerations", "default", pod(), "CREATE"),
+    ("nodeSelector on the approver's team label", "robotics",
+     selecting({policy.TEAM_NODE_LABEL: "robotics"}), "CREATE"),
+    ("affinity on the approver's labels and a host name", "robotics",
+     selecting({"kubernetes.io/hostname": ROBOTICS_NODE},
+               required=[expression(policy.POOL_NODE_LABEL, "gpu-h100-robotics")],
+               preferred=[{"weight": 1, "preference": expression(policy.TEAM_NODE_LABEL, "robotics")}]), "CREATE"),
+    ("a node affinity term of fields only", "default",
+     selecting(required=[{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["x"]}]}]), "CREATE"),
     ("the team's own taint", "robotics", pod(team("robotics")), "CREATE"),
     ("the team's own taint, operator defaulted", "robotics",
      pod({"key": TEAM_TAINT_KEY, "value": "robotics"}), "CREATE"),
@@ -163,6 +199,11 @@ def test_denials_say_what_to_do_instead():
     ]
     _, messages = admit(JAGUAR, "robotics", pod(team("vision")))
     assert messages == [f"namespace robotics may not tolerate a taint of another team: only {TEAM_TAINT_KEY}=robotics:NoSchedule"]
+    _, messages = admit(JAGUAR, "robotics", selecting({TEAM_TAINT_KEY: "robotics"}))
+    assert messages == [
+        f"pods in namespace robotics may not select nodes by {TEAM_TAINT_KEY} or {policy.POOL_LABEL}: the kubelet "
+        f"of a node can set those on it; select {policy.TEAM_NODE_LABEL} or {policy.POOL_NODE_LABEL}, which only "
+        "corral-node-approver sets"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -461,3 +502,126 @@ def test_host_patterns_become_anchored_name_patterns(pattern, matches, refused):
         assert regex.match(name), name
     for name in refused:
         assert not regex.match(name), name
+
+
+# --- node identity: pool tokens and corral-node-approver (issue 25, items 4 and 9) ----------------
+
+KUBEADM_DEFAULT_GROUP = "system:bootstrappers:kubeadm:default-node-token"
+# The ClusterRole kubeadm's `kubeadm:node-autoapprove-bootstrap` binds: with it,
+# kube-controller-manager approves a kubelet client request for any node name.
+AUTO_APPROVE_ROLE = "system:certificates.k8s.io:certificatesigningrequests:nodeclient"
+
+
+def subjects_of(obj: dict) -> set[str]:
+    return {s["name"] for s in obj.get("subjects") or []}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_pool_groups_get_kubeadm_joins_rights_and_never_auto_approval(name):
+    from corral.nodes.join import pool_token_group
+
+    cluster = FLEET.clusters[name]
+    groups = {pool_token_group(p.name) for p in cluster.node_pools}
+    assert KUBEADM_DEFAULT_GROUP not in groups
+    bindings = {o["roleRef"]["name"]: o for o in objects_of(cluster).values()
+                if o["kind"] in ("ClusterRoleBinding", "RoleBinding") and subjects_of(o) & groups}
+    # Exactly what `kubeadm join` uses: post and read its CSR, look for a node of its name,
+    # read kubeadm-config and kubelet-config (kube-system Roles kubeadm creates).
+    assert sorted(bindings) == ["kubeadm:get-nodes", "kubeadm:kubelet-config", "kubeadm:nodes-kubeadm-config",
+                                "system:node-bootstrapper"]
+    for role, binding in bindings.items():
+        assert subjects_of(binding) == groups, role
+        assert binding["kind"] == ("RoleBinding" if role.startswith("kubeadm:n") or role == "kubeadm:kubelet-config"
+                                   else "ClusterRoleBinding")
+    for obj in objects_of(cluster).values():
+        if obj["kind"] in ("ClusterRoleBinding", "RoleBinding") and obj["roleRef"]["name"] in (AUTO_APPROVE_ROLE,
+                                                                                              "cluster-admin"):
+            assert not subjects_of(obj) & groups, object_key(obj)
+
+
+def test_pool_tokens_are_never_in_kubeadms_default_group():
+    from datetime import timedelta
+
+    from corral.infra.addons import bootstrap_token_secret, token_group
+    from corral.nodes.join import new_bootstrap_token, onprem_token_groups
+
+    assert token_group("apiservers") == KUBEADM_DEFAULT_GROUP   # the API servers join as control plane
+    secret = bootstrap_token_secret("abcdef.0123456789abcdef", "d", "2026-11-25T00:00:00Z", token_group("pool-gpu-a10g"))
+    assert secret["string_data"]["auth-extra-groups"] == "system:bootstrappers:corral:pool:gpu-a10g"
+    with pytest.raises(ValueError, match="expected 'apiservers' or 'pool-<pool>'"):
+        token_group("gpu-a10g")
+    hosts = [JAGUAR.pool("gpu-h100-sf1").host_names[0], JAGUAR.pool("gpu-h100-robotics").host_names[0]]
+    groups = onprem_token_groups(JAGUAR, hosts)
+    assert groups == ("system:bootstrappers:corral:pool:gpu-h100-robotics", "system:bootstrappers:corral:pool:gpu-h100-sf1")
+    manifest = new_bootstrap_token(timedelta(hours=1)).manifest("corral join jaguar", groups)
+    assert manifest["stringData"]["auth-extra-groups"] == ",".join(groups)
+    # Every group fits the bootstrap token authenticator's pattern (k8s.io/cluster-bootstrap
+    # token/api/types.go BootstrapGroupPattern); a group that does not invalidates the token.
+    pattern = re.compile(r"system:bootstrappers:[a-z0-9:-]{0,255}[a-z0-9]\Z")
+    for cluster in FLEET.clusters.values():
+        for pool in cluster.node_pools:
+            assert pattern.match(token_group(f"pool-{pool.name}")), pool.name
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_node_approver_may_approve_only_kubelet_client_certificates(name):
+    objects = objects_of(FLEET.clusters[name])
+    role = objects["ClusterRole/corral:corral-node-approver"]
+    assert role["rules"] == [
+        {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"],
+         "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests/approval"],
+         "verbs": ["update"]},
+        {"apiGroups": ["certificates.k8s.io"], "resources": ["signers"],
+         "resourceNames": ["kubernetes.io/kube-apiserver-client-kubelet"], "verbs": ["approve"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]},
+    ]
+    deployment = objects["Deployment/kube-system/corral-node-approver"]
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
+    pod_spec = deployment["spec"]["template"]["spec"]
+    assert pod_spec["affinity"] == policy.autoscaler_affinity()   # the API servers only
+    assert pod_spec["securityContext"]["runAsNonRoot"] is True
+    container = pod_spec["containers"][0]["securityContext"]
+    assert container == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                         "capabilities": {"drop": ["ALL"]}}
+    assert "hostNetwork" not in pod_spec and "automountServiceAccountToken" not in pod_spec
+
+
+def approver_admits(old: dict, new: dict, username: str = "system:serviceaccount:kube-system:corral-node-approver"):
+    vap = objects_of(JAGUAR)["ValidatingAdmissionPolicy/corral-node-approver"]["spec"]
+    assert vap["failurePolicy"] == "Fail"
+    assert objects_of(JAGUAR)["ValidatingAdmissionPolicyBinding/corral-node-approver"]["spec"] == {
+        "policyName": "corral-node-approver", "validationActions": ["Deny"]}
+    return evaluate_policy(vap, object=new, oldObject=old,
+                           request={"operation": "UPDATE", "userInfo": {"username": username}})
+
+
+NODE = {"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": ROBOTICS_NODE, "labels": {"corral.dev/pool": "gpu-h100-robotics"},
+                     "annotations": {"a": "b"}},
+        "spec": {"taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]}}
+
+
+def node_with(labels: dict | None = None, annotations: dict | None = None, **spec) -> dict:
+    """NODE with labels added, annotations replaced, spec fields set."""
+    import copy
+
+    node = copy.deepcopy(NODE)
+    node["metadata"]["labels"].update(labels or {})
+    if annotations is not None:
+        node["metadata"]["annotations"] = annotations
+    node["spec"].update(spec)
+    return node
+
+
+def test_the_node_approver_may_change_only_its_two_labels():
+    labelled = node_with(labels={policy.POOL_NODE_LABEL: "gpu-h100-robotics", policy.TEAM_NODE_LABEL: "robotics"})
+    assert approver_admits(NODE, labelled) == (True, [])
+    assert approver_admits(labelled, NODE) == (True, [])   # and remove them
+    for edit in ({"labels": {"corral.dev/pool": "other"}}, {"labels": {"kubernetes.io/hostname": "x"}},
+                 {"annotations": {}}, {"taints": []}, {"unschedulable": True},
+                 {"providerID": "aws:///us-east-1a/i-0"}):
+        allowed, messages = approver_admits(NODE, node_with(**edit))
+        assert not allowed and all("corral-node-approver may" in m for m in messages), (edit, messages)
+    # Nobody else is held by it.
+    assert approver_admits(NODE, node_with(taints=[]), username="kubernetes-admin") == (True, [])

@@ -73,6 +73,11 @@ def test_uncordon_and_removing_the_mark_are_allowed():
 
 @pytest.mark.parametrize("edit,message", [
     ({"metadata__labels": {**NODE["metadata"]["labels"], "corral.dev/team": "robotics"}}, "labels"),
+    # The labels team placement selects (set only by corral-node-approver, issue 25, item 9).
+    ({"metadata__labels": {**NODE["metadata"]["labels"], "node-restriction.kubernetes.io/corral-team": "robotics"}},
+     "labels"),
+    ({"metadata__labels": {**NODE["metadata"]["labels"], "node-restriction.kubernetes.io/corral-pool": "gpu-h100-robotics"}},
+     "labels"),
     ({"metadata__labels": None}, "labels"),
     ({"metadata__annotations": {"node.alpha.kubernetes.io/ttl": "30"}}, "annotation"),
     ({"metadata__annotations": {**NODE["metadata"]["annotations"], "other/mark": "x"}}, "annotation"),
@@ -81,7 +86,7 @@ def test_uncordon_and_removing_the_mark_are_allowed():
      "spec.taints"),
     ({"spec__providerID": "gce://other-project/us-central1-a/db-primary"}, "spec.providerID"),
     ({"spec__podCIDR": "10.128.9.0/24"}, "spec.podCIDR"),
-], ids=["add-team-label", "drop-labels", "edit-annotation", "add-annotation", "drop-taints", "add-taint",
+], ids=["add-team-label", "add-node-restriction-team-label", "add-node-restriction-pool-label", "drop-labels", "edit-annotation", "add-annotation", "drop-taints", "add-taint",
         "provider-id", "pod-cidr"])
 def test_anything_else_the_runner_changes_is_refused(edit, message):
     allowed, messages = admit(NODE, changed(**edit))

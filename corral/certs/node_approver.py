@@ -1,0 +1,456 @@
+"""corral-node-approver: kubelet client certificates only for a pool's own machines (issue 25, items 4 and 9).
+
+Standard library only: it runs as it is from a ConfigMap in the stock Python
+image (as the GPU health agent does), one replica on the API servers
+(`corral/manifests/node_approver.py` renders it and its configuration).
+
+Why it exists. A joining machine's kubelet asks for its client certificate
+with a bootstrap token (a CertificateSigningRequest for the signer
+kubernetes.io/kube-apiserver-client-kubelet, CN `system:node:<name>`).
+kubeadm binds its default token group to the auto-approval ClusterRole
+(`kubeadm:node-autoapprove-bootstrap`, cmd/kubeadm/app/phases/bootstraptoken/
+node/tlsbootstrap.go), and kube-controller-manager then approves ANY node
+name for a token holder: another team's machine, an API server. corral's pool
+tokens carry a group of their own instead (`system:bootstrappers:corral:pool:
+<pool>`, which that binding does not cover), and this controller approves a
+request only when:
+
+- the requester is a bootstrap token (`system:bootstrap:<id>`) in a corral
+  pool group, and not also in kubeadm's default group;
+- the request is a kubelet client request as the signer requires it
+  (kubernetes/website, certificate-signing-requests.md, "Kubernetes signers";
+  kubernetes pkg/apis/certificates/v1/helpers.go ValidateKubeletClientCSR):
+  organizations exactly [system:nodes], CN `system:node:<name>`, no subject
+  alternative names, usages exactly {digital signature, key encipherment,
+  client auth} or {digital signature, client auth};
+- <name> is no API server's or etcd member's name and no existing Node (a
+  token holder cannot take over a running node's identity);
+- <name> belongs to exactly one pool, and that pool is one of the requester's:
+  on-prem, a host of the pool's host patterns in the cluster file (the full
+  name or its first label); cloud, the pool's naming rule (its scale sets' or
+  MIGs' instance names; on AWS the EC2 IP-based name, which does not tell
+  pools apart, so the requester's pool decides). No cloud API is asked
+  whether such an instance exists: see docs/addons.md.
+
+Anything else from a pool group is denied (a Denied condition with the reason,
+a log line, an Event); requests from outside the pool groups (kubelets
+renewing their own certificate, the API servers' token) are left to
+kube-controller-manager.
+
+Then it labels each pool node, once registered, with labels its kubelet cannot
+set (NodeRestriction refuses kubelets any `node-restriction.kubernetes.io/`
+label, kubernetes/website admission-controllers.md): the pool and, for a
+reserved pool, the team. Team placement selects those, not the kubelet-set
+`corral.dev/team`. The pool of a node comes from its name (exactly one pool's
+rule matches), else from this controller's own pool label (only admins and
+this controller can set it), else from the request this controller approved
+for that name (CSRs are kept an hour after approval). Nothing else is kept,
+so a restart loses nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import ssl
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+
+SIGNER = "kubernetes.io/kube-apiserver-client-kubelet"
+POOL_GROUP_PREFIX = "system:bootstrappers:corral:pool:"
+KUBEADM_DEFAULT_GROUP = "system:bootstrappers:kubeadm:default-node-token"
+BOOTSTRAP_USER_PREFIX = "system:bootstrap:"
+NODE_USER_PREFIX = "system:node:"
+NODES_ORGANIZATION = "system:nodes"
+# ValidateKubeletClientCSR: either set, nothing more.
+CLIENT_USAGES = (
+    frozenset({"digital signature", "key encipherment", "client auth"}),
+    frozenset({"digital signature", "client auth"}),
+)
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+COMPONENT = "corral-node-approver"
+
+
+# --- a PKCS#10 request, read with the standard library ------------------------
+#
+# CertificationRequest ::= SEQUENCE { certificationRequestInfo SEQUENCE {
+#   version INTEGER, subject Name, subjectPKInfo SEQUENCE, attributes [0] },
+#   signatureAlgorithm, signature } (RFC 2986). Only the subject and the
+# extension request's subjectAltName matter here.
+
+OID_COMMON_NAME = "2.5.4.3"
+OID_ORGANIZATION = "2.5.4.10"
+OID_EXTENSION_REQUEST = "1.2.840.113549.1.9.14"
+OID_SUBJECT_ALT_NAME = "2.5.29.17"
+
+
+class BadRequest(ValueError):
+    """The CSR's request is not a PKCS#10 request this controller can read."""
+
+
+def _der(data: bytes, at: int) -> tuple[int, int, int]:
+    """(tag, start of content, end of content) of the DER element at `at`."""
+    if at + 2 > len(data):
+        raise BadRequest("truncated DER")
+    tag, length = data[at], data[at + 1]
+    at += 2
+    if length & 0x80:
+        count = length & 0x7F
+        if count == 0 or count > 4 or at + count > len(data):
+            raise BadRequest("bad DER length")
+        length = int.from_bytes(data[at:at + count], "big")
+        at += count
+    if at + length > len(data):
+        raise BadRequest("truncated DER")
+    return tag, at, at + length
+
+
+def _children(data: bytes, start: int, end: int) -> list[tuple[int, int, int]]:
+    out, at = [], start
+    while at < end:
+        tag, content, stop = _der(data, at)
+        out.append((tag, content, stop))
+        at = stop
+    return out
+
+
+def _oid(raw: bytes) -> str:
+    if not raw:
+        raise BadRequest("empty OID")
+    parts = [raw[0] // 40, raw[0] % 40]
+    value = 0
+    for byte in raw[1:]:
+        value = (value << 7) | (byte & 0x7F)
+        if not byte & 0x80:
+            parts.append(value)
+            value = 0
+    return ".".join(map(str, parts))
+
+
+@dataclass(frozen=True)
+class RequestSubject:
+    common_names: tuple[str, ...]
+    organizations: tuple[str, ...]
+    has_alt_names: bool
+
+
+def read_request(pem_or_der: bytes) -> RequestSubject:
+    """The subject and whether subject alternative names are asked for, of a PEM or DER request."""
+    text = pem_or_der.strip()
+    if text.startswith(b"-----BEGIN"):
+        body = b"".join(line for line in text.splitlines() if not line.startswith(b"-----"))
+        try:
+            data = base64.b64decode(body, validate=True)
+        except ValueError:
+            raise BadRequest("not base64 PEM") from None
+    else:
+        data = text
+    tag, start, end = _der(data, 0)
+    if tag != 0x30:
+        raise BadRequest("not a SEQUENCE")
+    outer = _children(data, start, end)
+    if not outer or outer[0][0] != 0x30:
+        raise BadRequest("no certificationRequestInfo")
+    info = _children(data, outer[0][1], outer[0][2])
+    if len(info) < 3 or info[1][0] != 0x30:
+        raise BadRequest("no subject")
+    common_names, organizations = [], []
+    for rdn_tag, rdn_start, rdn_end in _children(data, info[1][1], info[1][2]):
+        for _, atv_start, atv_end in _children(data, rdn_start, rdn_end):
+            oid_el, value_el = _children(data, atv_start, atv_end)[:2]
+            oid, value = _oid(data[oid_el[1]:oid_el[2]]), data[value_el[1]:value_el[2]].decode("utf-8", "replace")
+            if oid == OID_COMMON_NAME:
+                common_names.append(value)
+            elif oid == OID_ORGANIZATION:
+                organizations.append(value)
+    has_alt_names = False
+    for attr_tag, attr_start, attr_end in info[3:]:
+        if attr_tag != 0xA0:  # [0] attributes
+            continue
+        for _, a_start, a_end in _children(data, attr_start, attr_end):
+            parts = _children(data, a_start, a_end)
+            if len(parts) < 2 or _oid(data[parts[0][1]:parts[0][2]]) != OID_EXTENSION_REQUEST:
+                continue
+            for _, ext_start, ext_end in _children(data, parts[1][1], parts[1][2]):  # SET OF Extensions
+                for _, e_start, e_end in _children(data, ext_start, ext_end):  # Extensions: SEQUENCE OF
+                    fields = _children(data, e_start, e_end)
+                    if fields and _oid(data[fields[0][1]:fields[0][2]]) == OID_SUBJECT_ALT_NAME:
+                        has_alt_names = True
+    return RequestSubject(tuple(common_names), tuple(organizations), has_alt_names)
+
+
+# --- which pool a node name belongs to -------------------------------------------
+
+_RANGE = re.compile(r"\[([0-9]+):([0-9]+)\]")
+
+
+def _host_pattern_matches(pattern: str, name: str) -> bool:
+    """Whether `name` is one of the hosts `pattern` (`gpu-[001:064].sf1.internal`,
+    Ansible's range syntax, corral/model/hosts.py) expands to, as the full name
+    or its first label (nodes register with the host name the system reports)."""
+    first_label = pattern.split(".", 1)[0]
+    for candidate in (pattern, first_label):
+        ranges = list(_RANGE.finditer(candidate))
+        regex, last = "", 0
+        for found in ranges:
+            regex += re.escape(candidate[last:found.start()]) + "([0-9]+)"
+            last = found.end()
+        regex += re.escape(candidate[last:])
+        match = re.fullmatch(regex, name)
+        if not match:
+            continue
+        fits = True
+        for found, digits in zip(ranges, match.groups()):
+            first, end = found.group(1), found.group(2)
+            width = len(first) if first.startswith("0") else 0
+            number = int(digits)
+            padded = f"{number:0{width}d}" if width else str(number)
+            if digits != padded or not int(first) <= number <= int(end):
+                fits = False
+                break
+        if fits:
+            return True
+    return False
+
+
+def name_in_pool(pool: dict, name: str) -> bool:
+    """Whether `name` follows `pool`'s naming rule (config: hosts or name_patterns)."""
+    if any(_host_pattern_matches(p, name) for p in pool.get("hosts", [])):
+        return True
+    return any(re.fullmatch(p, name) for p in pool.get("name_patterns", []))
+
+
+def pools_of_name(config: dict, name: str) -> list[str]:
+    return sorted(p for p, pool in config["pools"].items() if name_in_pool(pool, name))
+
+
+# --- the decision (pure) ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Approve or deny a request; `pool` is the pool the name was approved for."""
+
+    approve: bool
+    reason: str
+    message: str
+    pool: str | None = None
+
+
+def _condition_types(csr: dict) -> set[str]:
+    return {c.get("type") for c in (csr.get("status") or {}).get("conditions") or []}
+
+
+def decide(csr: dict, config: dict, node_exists) -> Decision | None:
+    """What to do with `csr` (a CertificateSigningRequest as the API returns it).
+
+    None: not this controller's to decide (another signer, already decided, a
+    requester outside the corral pool groups). `node_exists(name)` says
+    whether a Node of that name exists.
+    """
+    spec = csr.get("spec") or {}
+    if spec.get("signerName") != SIGNER or _condition_types(csr) & {"Approved", "Denied"}:
+        return None
+    groups = spec.get("groups") or []
+    pool_groups = [g for g in groups if g.startswith(POOL_GROUP_PREFIX)]
+    if not pool_groups:
+        return None
+
+    def deny(reason: str, message: str) -> Decision:
+        return Decision(False, reason, message)
+
+    username = spec.get("username", "")
+    if not username.startswith(BOOTSTRAP_USER_PREFIX):
+        return deny("NotABootstrapToken", f"requester {username} is not a bootstrap token")
+    if KUBEADM_DEFAULT_GROUP in groups:
+        return deny("KubeadmDefaultGroup", f"requester {username} is in {KUBEADM_DEFAULT_GROUP} as well as a pool group")
+    try:
+        subject = read_request(base64.b64decode(spec.get("request", "")))
+    except (BadRequest, ValueError, IndexError) as err:
+        return deny("UnreadableRequest", f"the request is not a PKCS#10 request: {err}")
+    usages = frozenset(spec.get("usages") or [])
+    if usages not in CLIENT_USAGES:
+        return deny("WrongUsages", f"usages {sorted(usages)} are not a kubelet client certificate's")
+    if list(subject.organizations) != [NODES_ORGANIZATION]:
+        return deny("WrongOrganization", f"organizations {list(subject.organizations)} are not [{NODES_ORGANIZATION}]")
+    if subject.has_alt_names:
+        return deny("AltNamesNotAllowed", "a kubelet client request may not ask for subject alternative names")
+    if len(subject.common_names) != 1 or not subject.common_names[0].startswith(NODE_USER_PREFIX):
+        return deny("WrongCommonName", f"common name {list(subject.common_names)} is not {NODE_USER_PREFIX}<name>")
+    name = subject.common_names[0][len(NODE_USER_PREFIX):]
+    if name in config.get("reserved_names", []):
+        return deny("ReservedName", f"{name} is an API server's or etcd member's name")
+    if node_exists(name):
+        return deny("NodeExists", f"node {name} already exists: delete it first if this machine replaces it")
+    requester_pools = sorted(g[len(POOL_GROUP_PREFIX):] for g in pool_groups)
+    candidates = [p for p in requester_pools if p in config["pools"] and name_in_pool(config["pools"][p], name)]
+    if not candidates:
+        return deny("NotInPool", f"{name} is not a machine of pool {', '.join(requester_pools)}")
+    if len(candidates) > 1:
+        return deny("AmbiguousPool", f"{name} fits pools {', '.join(candidates)}: the request cannot say which")
+    return Decision(True, "CorralPoolMember", f"{name} is a machine of pool {candidates[0]} ({username})",
+                    candidates[0])
+
+
+def approved_pools(csrs: list[dict], config: dict) -> dict[str, str]:
+    """Node name -> pool, from the requests this controller approved (kept an hour by Kubernetes)."""
+    found: dict[str, str] = {}
+    for csr in csrs:
+        for condition in (csr.get("status") or {}).get("conditions") or []:
+            if condition.get("type") == "Approved" and condition.get("reason") == "CorralPoolMember":
+                spec = csr.get("spec") or {}
+                pools = [g[len(POOL_GROUP_PREFIX):] for g in spec.get("groups") or [] if g.startswith(POOL_GROUP_PREFIX)]
+                try:
+                    names = read_request(base64.b64decode(spec.get("request", ""))).common_names
+                except (BadRequest, ValueError, IndexError):
+                    continue
+                for cn in names:
+                    name = cn[len(NODE_USER_PREFIX):]
+                    fitting = [p for p in pools if p in config["pools"] and name_in_pool(config["pools"][p], name)]
+                    if len(fitting) == 1:
+                        found[name] = fitting[0]
+    return found
+
+
+def wanted_labels(node: dict, config: dict, approved: dict[str, str]) -> dict[str, str | None] | None:
+    """The labels this controller owns, as `node` should carry them (None: a value to remove),
+    or None when the node's pool cannot be told (not a pool node: leave it alone)."""
+    name = node["metadata"]["name"]
+    labels = node["metadata"].get("labels") or {}
+    pool_label, team_label = config["labels"]["pool"], config["labels"]["team"]
+    if name in config.get("reserved_names", []):
+        return None
+    matching = pools_of_name(config, name)
+    if len(matching) == 1:
+        pool = matching[0]
+    elif labels.get(pool_label) in matching:
+        pool = labels[pool_label]
+    elif approved.get(name) in matching:
+        pool = approved[name]
+    else:
+        return None
+    return {pool_label: pool, team_label: config["pools"][pool].get("team")}
+
+
+def label_patch(node: dict, wanted: dict[str, str | None]) -> dict | None:
+    """The merge patch that brings `node`'s labels to `wanted` (None: nothing to change)."""
+    labels = node["metadata"].get("labels") or {}
+    changes = {key: value for key, value in wanted.items() if labels.get(key) != value}
+    return {"metadata": {"labels": changes}} if changes else None
+
+
+# --- the API server (impure) -------------------------------------------------------
+
+
+class Api:
+    """The API server, as this pod's service account."""
+
+    def __init__(self) -> None:
+        host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
+        self.base = f"https://{host}:{port}"
+        self.context = ssl.create_default_context(cafile=os.path.join(os.environ.get("CORRAL_SA_DIR", SA_DIR), "ca.crt"))
+
+    def call(self, method: str, path: str, body=None, content_type: str = "application/json") -> dict:
+        with open(os.path.join(os.environ.get("CORRAL_SA_DIR", SA_DIR), "token")) as fh:  # projected tokens rotate
+            token = fh.read().strip()
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.base + path, data=data, method=method, headers={
+            "Authorization": f"Bearer {token}", "Content-Type": content_type, "Accept": "application/json"})
+        with urllib.request.urlopen(request, context=self.context, timeout=30) as response:
+            return json.loads(response.read() or b"{}")
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def log(**fields) -> None:
+    print(json.dumps({"time": now(), "component": COMPONENT, **fields}, sort_keys=True), flush=True)
+
+
+CSR_PATH = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
+
+
+def node_exists(api: Api, name: str) -> bool:
+    try:
+        api.call("GET", f"/api/v1/nodes/{urllib.parse.quote(name, safe='')}")
+        return True
+    except urllib.error.HTTPError as err:
+        if err.code == 404:
+            return False
+        raise
+
+
+def record(api: Api, csr: dict, decision: Decision) -> None:
+    """Write the decision on the request's approval subresource (the update carries the
+    resourceVersion it was made on: a second copy of this controller loses the race
+    harmlessly), then log it and post an Event."""
+    name = csr["metadata"]["name"]
+    kind = "Approved" if decision.approve else "Denied"
+    csr.setdefault("status", {}).setdefault("conditions", []).append({
+        "type": kind, "status": "True", "reason": decision.reason, "message": decision.message,
+        "lastUpdateTime": now()})
+    api.call("PUT", f"{CSR_PATH}/{urllib.parse.quote(name, safe='')}/approval", csr)
+    log(csr=name, decision=kind, reason=decision.reason, message=decision.message)
+    api.call("POST", "/api/v1/namespaces/default/events", {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"generateName": f"{name}.", "namespace": "default"},
+        "involvedObject": {"apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest", "name": name,
+                           "uid": csr["metadata"].get("uid", "")},
+        "type": "Normal" if decision.approve else "Warning", "reason": decision.reason,
+        "message": decision.message[:1024], "source": {"component": COMPONENT},
+        "firstTimestamp": now(), "lastTimestamp": now(), "count": 1,
+    })
+
+
+def once(api: Api, config: dict, label_nodes: bool = True) -> None:
+    """One round: decide every pending kubelet client request, then label pool nodes."""
+    selector = urllib.parse.quote(f"spec.signerName={SIGNER}", safe="")
+    csrs = api.call("GET", f"{CSR_PATH}?fieldSelector={selector}").get("items", [])
+    for csr in csrs:
+        decision = decide(csr, config, lambda name: node_exists(api, name))
+        if decision is not None:
+            record(api, csr, decision)
+    if not label_nodes:
+        return
+    approved = approved_pools(csrs, config)
+    for node in api.call("GET", "/api/v1/nodes").get("items", []):
+        wanted = wanted_labels(node, config, approved)
+        patch = label_patch(node, wanted) if wanted else None
+        if patch:
+            api.call("PATCH", f"/api/v1/nodes/{urllib.parse.quote(node['metadata']['name'], safe='')}", patch,
+                     "application/merge-patch+json")
+            log(node=node["metadata"]["name"], labels=patch["metadata"]["labels"])
+
+
+def main(argv: list[str]) -> int:
+    path = os.environ.get("CORRAL_NODE_APPROVER_CONFIG",
+                          os.path.join(os.path.dirname(os.path.abspath(__file__)), "config.json"))
+    with open(path) as fh:
+        config = json.load(fh)
+    api = Api()
+    rounds = 0
+    while True:
+        try:
+            # Requests every round (a joining kubelet waits on them); the node list,
+            # larger, every `label_every` rounds.
+            once(api, config, label_nodes=rounds % config["label_every"] == 0)
+            if argv[1:] == ["--once"]:
+                return 0
+        except (urllib.error.URLError, OSError, ValueError, KeyError) as err:
+            # A 409 from a lost race, an API server away: the next round tries again.
+            log(error=f"{type(err).__name__}: {err}")
+            if argv[1:] == ["--once"]:
+                return 1
+        rounds += 1
+        time.sleep(config["interval_seconds"])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
