@@ -107,7 +107,7 @@ def join(
     from corral.nodes import converge
     from corral.nodes.join import (
         CHECK_MODE_TOKEN, ClusterAccess, JoinError, JoinReport, ansible_dir, fresh_bootstrap_token,
-        join_material, parse_ttl, prepare_runs_dir, run_join, select_hosts, shard_hosts,
+        join_material, onprem_token_groups, parse_ttl, prepare_runs_dir, run_join, select_hosts, shard_hosts,
     )
     from corral.nodes.known_hosts import KnownHostsError
     from corral.nodes.known_hosts import verify as verify_host_keys
@@ -138,7 +138,7 @@ def join(
             warn = lambda message: err.print(f"warning: {message}", markup=False)  # noqa: E731
             token_scope = nullcontext(None) if check else fresh_bootstrap_token(
                 access, ttl, description=f"corral join {name}" + (f" --pool {pool}" if pool else ""),
-                on_warning=warn,
+                on_warning=warn, groups=onprem_token_groups(cluster, to_run),
             )
             # Serving GPU nodes whose driver changes are drained first (docs/upgrades.md).
             drain_scope = join_drain_variables(cluster, to_run, access, ttl, runs, on_warning=warn)
