@@ -219,7 +219,10 @@ def test_join_tokens_become_bootstrap_token_secrets_expiring_after_their_rotatio
         # rotation + 6 h, the same on every run
         assert data["expiration"] == (issued + datetime.timedelta(hours=6)).strftime("%Y-%m-%dT%H:%M:%SZ")
         assert data["usage-bootstrap-authentication"] == data["usage-bootstrap-signing"] == "true"
-        assert data["auth-extra-groups"] == "system:bootstrappers:kubeadm:default-node-token"
+        # Pools in their own groups, never kubeadm's default one (issue 25, item 4).
+        what = name.removeprefix("heron-addons-bootstrap-token-")
+        assert data["auth-extra-groups"] == ("system:bootstrappers:kubeadm:default-node-token" if what == "apiservers"
+                                             else f"system:bootstrappers:corral:pool:{what.removeprefix('pool-')}")
         token_ids.add(data["token-id"])
     assert len(token_ids) == len(secrets)  # every pool its own token
     # In the plan the tokens stay masked.

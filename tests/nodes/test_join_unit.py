@@ -309,7 +309,9 @@ def test_every_run_creates_a_fresh_token_that_expires_and_is_deleted(join_cli, f
                                        "labels": {"app.kubernetes.io/managed-by": "corral"}}
         assert created["type"] == "bootstrap.kubernetes.io/token"
         assert data["usage-bootstrap-authentication"] == data["usage-bootstrap-signing"] == "true"
-        assert data["auth-extra-groups"] == "system:bootstrappers:kubeadm:default-node-token"
+        # The run's pool's own group (gpu-001 is gpu-h100-sf1's; issue 25, item 4): never kubeadm's
+        # default group, whose auto-approval binding would sign any node name for the token.
+        assert data["auth-extra-groups"] == "system:bootstrappers:corral:pool:gpu-h100-sf1"
         expiration = datetime.strptime(data["expiration"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
         assert before + timedelta(hours=4) <= expiration <= after + timedelta(hours=4)
         # Deleted when the run ended; the TTL covers a run that could not delete it.
