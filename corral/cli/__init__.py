@@ -2,7 +2,7 @@
 
 import typer
 
-from . import certs, diff, edit, etcd, fleet, infra, manifests, nodes, upgrade, usage
+from . import certs, diff, doctor, edit, etcd, fleet, infra, manifests, nodes, upgrade, usage
 
 app = typer.Typer(
     name="corral",
@@ -21,6 +21,7 @@ upgrade.register(app)
 certs.register(app)
 usage.register(app)
 etcd.register(app)
+doctor.register(app)
 
 
 def main() -> None:
