@@ -573,16 +573,16 @@ class Roce(Spec):
         return self.dscp << 2 | (0b10 if self.ecn else 0)
 
 
-# Xid classes (NVIDIA's Xid catalogue, docs.nvidia.com/deploy/xid-errors/
-# analyzing-xid-catalog.html, and dynamic page retirement, .../deploy/
-# dynamic-page-retirement): fatal ones mean the GPU or its links are gone or
-# its memory corrupt - running jobs are already lost, so pods are evicted
-# (NoExecute). Degraded ones need a GPU reset or reboot soon (a retired page
-# or remapped row pending, contained ECC errors, many single-bit errors): no
-# new work (NoSchedule). Others (13, 31, 43, 45: mostly application faults)
+# Xid classes: NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors/
+# analyzing-xid-catalog.html) as corral/health/classify.py's XID_CATALOG
+# classifies it (tests/health/test_classify.py holds these equal to it; the
+# model may not import the health package). Fatal: the catalog's immediate
+# action is a GPU reset or a power cycle, so the GPU's jobs are lost and pods
+# are evicted (NoExecute). Degraded: the job may go on, but no new work until
+# a reset (NoSchedule). Others (13, 31, 43, 45, 109: the job's own faults)
 # are counted, not acted on.
-DEFAULT_FATAL_XIDS = (48, 64, 74, 79, 95, 119, 120, 140)
-DEFAULT_DEGRADED_XIDS = (61, 62, 63, 92, 94)
+DEFAULT_FATAL_XIDS = (46, 48, 62, 64, 74, 79, 95, 110, 119, 120, 136, 140, 143, 155, 156, 158)
+DEFAULT_DEGRADED_XIDS = (61, 63, 92, 94)
 
 
 class Preflight(Spec):
