@@ -9,7 +9,7 @@ severity: `fatal` (the GPU, its memory or its links are gone: running jobs
 are already lost, pods are evicted when the cluster file says so) or
 `degraded` (needs a GPU reset or reboot soon, or a link is down: no new
 work). Xid classes come from the cluster file (`health.xid`), defaulting
-to NVIDIA's Xid catalogue (see corral.model.schema.DEFAULT_FATAL_XIDS).
+to NVIDIA's Xid catalog as XID_CATALOG below classifies it.
 """
 
 from __future__ import annotations
@@ -43,6 +43,82 @@ AER_LINE = re.compile(r"(?P<dev>[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]):?
 # Xids that are about NVLink rather than the GPU's own state.
 NVLINK_XIDS = frozenset({74})
 
+# NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html,
+# "Resolution Bucket (Immediate Action)" and "(Investigatory Action)"; read in
+# the copy leptonai/gpud generates from the catalog's spreadsheet,
+# components/accelerator/nvidia/xid/catalog_generated.go, 2025-10-29).
+# code: (description, immediate action, investigatory action)
+XID_CATALOG: dict[int, tuple[str, str, str]] = {
+    13: ("Graphics Engine Exception", "RESTART_APP", "WORKFLOW_XID_13"),
+    31: ("GPU memory page fault", "RESTART_APP", "WORKFLOW_XID_31"),
+    43: ("GPU stopped processing", "IGNORE", "CONTACT_SUPPORT"),
+    45: ("Preemptive cleanup, due to previous errors", "WORKFLOW_XID_45", "IGNORE (follow other Xid)"),
+    46: ("GPU stopped processing", "RESET_GPU", "CONTACT_SUPPORT"),
+    48: ("Double Bit ECC Error", "WORKFLOW_XID_48", "WORKFLOW_XID_48"),
+    61: ("Unused (Ampere and later)", "CONTACT_SUPPORT", ""),
+    62: ("Internal micro-controller halt", "RESET_GPU", "CONTACT_SUPPORT"),
+    63: ("GPU memory remapping event", "IGNORE", "IGNORE"),
+    64: ("GPU memory remapping failure", "RESET_GPU", "CONTACT_SUPPORT"),
+    74: ("NVLINK Error", "WORKFLOW_NVLINK_ERR", "CONTACT_SUPPORT"),
+    79: ("GPU has fallen off the bus", "RESTART_BM", "CONTACT_SUPPORT"),
+    92: ("High single-bit ECC error rate", "IGNORE", "CONTACT_SUPPORT"),
+    94: ("Contained memory error", "RESTART_APP", "IGNORE (sympathetic)"),
+    95: ("Uncontained memory error", "RESET_GPU", "IGNORE (sympathetic)"),
+    109: ("Context Switch Timeout Error", "RESET_GPU", "CONTACT_SUPPORT"),
+    110: ("Security Fault Error", "RESET_GPU", "INVESTIGATE_SW"),
+    119: ("GSP RPC Timeout", "RESET_GPU", "INVESTIGATE_SW"),
+    120: ("GSP Error", "RESET_GPU", "INVESTIGATE_SW"),
+    136: ("Link Training Failed", "RESET_GPU", "INVESTIGATE_LINK_SI"),
+    140: ("ECC Unrecovered Error", "RESET_GPU", "CONTACT_SUPPORT"),
+    143: ("GPU Initialization Error", "RESET_GPU", "CONTACT_SUPPORT"),
+    155: ("NVLINK: SW Defined Error", "RESET_GPU", "INVESTIGATE_SW_USER"),
+    156: ("Resource Retirement Event", "RESET_GPU", "IGNORE"),
+    158: ("GPU Fatal Timeout", "RESET_GPU", "CONTACT_SUPPORT"),
+}
+# What each immediate action means for the node. RESTART_BM: the GPU is gone
+# from the bus, only a power cycle brings it back. RESET_GPU and the workflows
+# of Xid 48 (solo: reset; with 63/64: drain and reset) and 74 (reset or
+# reboot): "Terminate all GPU processes, reset the GPU" (NVIDIA's A100 memory
+# error management, "Error Recovery and Response Flags"). Either way the jobs
+# on the GPU are lost: corral's fatal severity.
+NODE_RESTART_ACTIONS = frozenset({"RESTART_BM"})
+GPU_RESET_ACTIONS = frozenset({"RESET_GPU", "WORKFLOW_XID_48", "WORKFLOW_NVLINK_ERR"})
+# Where corral is stricter than the immediate action, and why (docs/gpu-health.md):
+# the running job may go on, but no new work until a reset (a remediation reboot).
+HELD_FOR_RESET_XIDS = {
+    61: "CONTACT_SUPPORT (the catalog lists it unused from Ampere on: older GPUs only)",
+    63: "a remapped row is activated only by the next GPU reset (remapped_rows.pending)",
+    92: "investigatory CONTACT_SUPPORT: the memory is failing",
+    94: "a contained error leaves its row remap pending the next GPU reset",
+}
+# Where corral is more lenient: Xid 109 is raised by a job's own context-switch
+# timeout (NVIDIA k8s-device-plugin v0.17.1 stopped marking GPUs unhealthy on
+# it; docs/addons.md), so it is the job's fault, not the node's.
+APPLICATION_OVERRIDES = frozenset({109})
+
+
+def xid_class(code: int) -> str:
+    """`node-restart`, `gpu-reset`, `held` (no new work) or `application` (the job's own fault: not acted on)."""
+    immediate = XID_CATALOG.get(code, ("", "", ""))[1]
+    if code in APPLICATION_OVERRIDES:
+        return "application"
+    if immediate in NODE_RESTART_ACTIONS:
+        return "node-restart"
+    if immediate in GPU_RESET_ACTIONS:
+        return "gpu-reset"
+    if code in HELD_FOR_RESET_XIDS:
+        return "held"
+    return "application"
+
+
+def catalog_xid_classes() -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(fatal, degraded) Xids by the catalog: the cluster file's defaults
+    (corral.model.schema.DEFAULT_FATAL_XIDS / DEFAULT_DEGRADED_XIDS must equal them)."""
+    classes = {code: xid_class(code) for code in XID_CATALOG}
+    fatal = tuple(sorted(c for c, k in classes.items() if k in ("node-restart", "gpu-reset")))
+    degraded = tuple(sorted(c for c, k in classes.items() if k == "held"))
+    return fatal, degraded
+
 
 @dataclass(frozen=True)
 class Fault:
@@ -57,6 +133,12 @@ class XidEvent:
     pci: str
     code: int
     text: str
+
+
+def fault_line(line: str) -> bool:
+    """Whether a kernel-log line may be a fault (an Xid or an uncorrected PCIe
+    error): the kernel-log follower wakes the agent only for these."""
+    return bool(XID_LINE.search(line) or (AER_LINE.search(line) and "Uncorrected" in line))
 
 
 def xid_events(lines) -> list[XidEvent]:

@@ -104,3 +104,41 @@ def test_conditions_cover_every_type():
     assert conds[c.XID_CONDITION][:2] == ("True", "Xid79")
     assert conds[c.NVLINK_CONDITION][:2] == ("True", "Xid74")
     assert conds[c.MEMORY_CONDITION][0] == "False"
+
+
+# --- NVIDIA's Xid catalog ---------------------------------------------------------
+
+
+def test_the_cluster_files_default_xid_classes_are_the_catalogs():
+    # The model may not import the health package, so the defaults are a copy: held equal here.
+    assert c.catalog_xid_classes() == (DEFAULT_FATAL_XIDS, DEFAULT_DEGRADED_XIDS)
+
+
+def test_xid_classes_follow_the_catalogs_immediate_action():
+    assert c.xid_class(79) == "node-restart"                       # RESTART_BM: fallen off the bus
+    for code in (48, 64, 95, 62, 46, 140):                         # RESET_GPU and WORKFLOW_XID_48
+        assert c.xid_class(code) == "gpu-reset", code
+    assert c.xid_class(74) == "gpu-reset"                          # WORKFLOW_NVLINK_ERR: reset or reboot
+    # Xid 62 (micro-controller halt) was degraded before; the catalog says RESET_GPU.
+    assert 62 in DEFAULT_FATAL_XIDS and 62 not in DEFAULT_DEGRADED_XIDS
+    for code in (63, 92, 94):                                      # no new work until a reset
+        assert c.xid_class(code) == "held" and code in DEFAULT_DEGRADED_XIDS
+    for code in (13, 31, 43, 45, 109, 8, 999):                     # the job's own faults, and unknown codes
+        assert c.xid_class(code) == "application", code
+        assert code not in DEFAULT_FATAL_XIDS and code not in DEFAULT_DEGRADED_XIDS
+
+
+def test_application_xids_are_not_faults():
+    lines = ["6,2001,91231,-;NVRM: Xid (PCI:0000:2b:00): 13, pid=4410, name=python, Graphics SM Warp Exception",
+             "6,2002,91232,-;NVRM: Xid (PCI:0000:2b:00): 31, pid=4410, name=python, Ch 00000008, intr 10000000. "
+             "MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f1a_00000000",
+             "6,2003,91233,-;NVRM: Xid (PCI:0000:2b:00): 43, pid=4410, name=python, Ch 00000008"]
+    assert c.xid_faults(c.xid_events(lines), FATAL, DEGRADED) == []
+    assert c.taint_effect(c.xid_faults(c.xid_events(lines), FATAL, DEGRADED), evict_on_fatal=True) is None
+
+
+def test_fault_lines_are_told_from_the_rest_of_the_kernel_log():
+    assert c.fault_line("4,1234,5678,-;NVRM: Xid (PCI:0000:2b:00): 79, pid=2213, GPU has fallen off the bus.")
+    assert c.fault_line("3,88,99,-;pcieport 0000:16:02.0: AER: Uncorrected (Fatal) error received: 0000:18:00.0")
+    assert not c.fault_line("4,90,99,-;pcieport 0000:00:01.0: AER: Corrected error received: 0000:01:00.0")
+    assert not c.fault_line("6,91,99,-;eth0: link up")
