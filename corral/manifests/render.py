@@ -19,7 +19,7 @@ from ruamel.yaml.representer import SafeRepresenter
 
 from corral.model.schema import LABEL_DOMAIN, PREFLIGHT_TAINT_KEY, UNHEALTHY_TAINT_KEY, Cluster
 
-from . import monitoring, network_policy, policy, versions
+from . import flow_control, monitoring, network_policy, policy, versions
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates" / "manifests"
 
@@ -29,6 +29,9 @@ KIND_ORDER = (
     "Namespace",
     "CustomResourceDefinition",
     "PriorityClass",
+    # API Priority and Fairness: the levels before the schemas that name them.
+    "PriorityLevelConfiguration",
+    "FlowSchema",
     "ServiceAccount",
     "ClusterRole",
     "Role",
@@ -373,6 +376,10 @@ def monitoring_stack(cluster: Cluster) -> list[dict]:
     ) + grafana(cluster, gpu) + network_policy.monitoring_policies(gpu)
 
 
+def flow_control_levels(cluster: Cluster) -> list[dict]:
+    return _template("flow-control", **flow_control.context(cluster))
+
+
 def network_policy_engine(cluster: Cluster) -> list[dict]:
     return _template("network-policy", **network_policy.engine_context())
 
@@ -425,7 +432,7 @@ def gpu_health(cluster: Cluster) -> list[dict]:
 
 # Every add-on corral knows, in apply order, with when it applies.
 ADDON_NAMES = (
-    "flannel", "network-policy", "pod-security", "teams", "scheduling", "nvidia-device-plugin", "rdma-shared-device-plugin",
+    "flow-control", "flannel", "network-policy", "pod-security", "teams", "scheduling", "nvidia-device-plugin", "rdma-shared-device-plugin",
     "gpu-health", "cluster-autoscaler", "kubelet-csr-approver", "node-approver", "monitoring",
 )
 
@@ -435,6 +442,8 @@ def render(cluster: Cluster) -> list[Addon]:
     no cloud pool, no team, default scheduling) are left out."""
     sched = cluster.scheduling
     parts: list[tuple[str, bool, object]] = [
+        # Before the agents it classifies start.
+        ("flow-control", True, flow_control_levels),
         ("flannel", True, flannel),
         ("network-policy", True, network_policy_engine),
         ("pod-security", True, pod_security),
