@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from corral.model import Cluster
+from corral.model.control_plane_sizing import size as size_control_plane
 from corral.model.layout import API_PORT, API_VIP_OFFSET, Layout, Machine
 
 from .files import File, render
@@ -140,6 +141,10 @@ def api_server_args(cluster: Cluster, lay: Layout) -> dict[str, str]:
         "encryption-provider-config": ENCRYPTION_CONFIG,
         # Pod Security for namespaces without labels (admission-configuration.yaml.j2).
         "admission-control-config-file": ADMISSION_CONFIG,
+        # In-flight limits sized by the cluster's node count and this machine
+        # (corral/model/control_plane_sizing.py; with API Priority and Fairness
+        # their sum is the concurrency the priority levels share).
+        **size_control_plane(cluster).apiserver_args(),
     }
     if lay.events_members:
         # Events churn in their own etcd cluster, so they cannot slow down
@@ -183,7 +188,8 @@ def kubeadm_context(
         "etcd_endpoints": lay.etcd_client_urls(),
         "api_server_args": api_server_args(cluster, lay),
         "api_server_volumes": api_server_volumes(),
-        "controller_manager_args": {},
+        # Client QPS sized by the node count (control_plane_sizing.py).
+        "controller_manager_args": size_control_plane(cluster).controller_manager_args(),
         "scheduler_args": {"config": SCHEDULER_CONFIG},
         "scheduler_config_path": SCHEDULER_CONFIG,
         "max_parallel_image_pulls": MAX_PARALLEL_IMAGE_PULLS,

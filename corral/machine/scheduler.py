@@ -8,6 +8,7 @@ when the cluster gang-schedules (a kubeadm patch).
 from __future__ import annotations
 
 from corral.model import Cluster
+from corral.model.control_plane_sizing import size as size_control_plane
 
 from .files import render
 
@@ -52,6 +53,7 @@ def coscheduling_image(cluster: Cluster) -> str | None:
 def render_scheduler_config(cluster: Cluster, kubeconfig: str = SCHEDULER_KUBECONFIG) -> str:
     """The cluster's KubeSchedulerConfiguration (bin packing, Coscheduling) as YAML."""
     coscheduling_image(cluster)  # an unknown Kubernetes minor fails here, with the reason
+    sizing = size_control_plane(cluster)
     return render(
         "scheduler/kube-scheduler-config.yaml.j2",
         bin_packing=cluster.scheduling.bin_packing,
@@ -59,6 +61,9 @@ def render_scheduler_config(cluster: Cluster, kubeconfig: str = SCHEDULER_KUBECO
         weights=list(BIN_PACKING_WEIGHTS),
         permit_wait_seconds=COSCHEDULING_PERMIT_WAIT_SECONDS,
         kubeconfig=kubeconfig,
+        client_qps=sizing.scheduler_qps,
+        client_burst=sizing.scheduler_burst,
+        percentage_of_nodes_to_score=sizing.percentage_of_nodes_to_score,
     )
 
 
