@@ -86,8 +86,14 @@ def check_credentials(ctx: Context) -> list[Finding]:
                         "gcloud auth application-default login")]
     project = _project(ctx)
     if project is None:
+        try:
+            # The program takes the project from the stack only; gcloud's default helps pick it.
+            default = ctx.cli.run(["gcloud", "config", "get-value", "project"]).stdout.strip()
+        except Unanswered:
+            default = ""
         return [Finding("cloud.credentials", Status.fail, f"gcloud account {active[0]}, but the stack names no "
-                        "gcp:project", f"pulumi config set -s {ctx.name} gcp:project PROJECT")]
+                        "gcp:project" + (f" (gcloud's default project: {default})" if default else ""),
+                        f"pulumi config set -s {ctx.name} gcp:project PROJECT")]
     ctx.cloud_identity = {"account": active[0], "project": project}
     ctx.notes = {"token": adc.stdout.strip()}
     return [Finding("cloud.credentials", Status.passed, f"gcloud account {active[0]}, project {project} "

@@ -49,7 +49,8 @@ def required_cli_version() -> tuple[Version, str]:
         if requirement.name == "pulumi" and not requirement.marker:
             floors = [Version(spec.version) for spec in requirement.specifier if spec.operator in (">=", "==", "~=")]
             if floors:
-                return max(floors), f"pulumi{requirement.specifier}"
+                floor = max(floors)
+                return Version(f"{floor.major}.{floor.minor}.{floor.micro}"), f"pulumi{requirement.specifier}"
     return FALLBACK_SDK_FLOOR, f"pulumi>={FALLBACK_SDK_FLOOR}"
 
 
