@@ -70,7 +70,8 @@ def show(
     output: Annotated[str, typer.Option("--output", "-o", help="yaml or json.")] = "yaml",
     expand_hosts: Annotated[bool, typer.Option(help="List every host instead of the patterns.")] = False,
 ) -> None:
-    """The cluster's resolved definition: the file plus every default."""
+    """The cluster's resolved definition: the file plus every default, and (YAML) the control-plane
+    settings corral derives from it, each with its source."""
     from corral.model.render import resolved
 
     cluster = cluster_or_exit(clusters, name)
@@ -78,9 +79,16 @@ def show(
     if output == "json":
         out.print(json.dumps(data, indent=2), markup=False)
     elif output == "yaml":
+        from corral.model.control_plane_sizing import describe, size
         from corral.model.render import dump_yaml
 
         out.print(dump_yaml(data), markup=False, end="")
+        # What corral derives for the control plane from this file, with the
+        # rule and the source of each: comments, so the output stays the file.
+        out.print("# Control-plane settings derived from this file (corral/model/control_plane_sizing.py):",
+                  markup=False)
+        for line in describe(size(cluster)):
+            out.print(f"# {line}", markup=False)
     else:
         raise typer.BadParameter("must be yaml or json", param_hint="--output")
 
