@@ -8,12 +8,23 @@ machine's CPUs) and the others. A GPU machine's count is extrapolated to
 `--cpus` (default 192: two 96-core sockets); devices (network interfaces,
 disks, file systems) are counted as they are here, and a GPU machine has more.
 
-    python benchmarks/bench_monitoring_series.py [--cpus 192]
+Then the load per Prometheus shard of a cluster of `--nodes` nodes with
+`--gpus` GPUs each (issue 28, item 5): nodes per shard (corral's rule, one
+shard per 1,000 nodes; hashmod spreads node names evenly), active series per
+shard (this measurement for node-exporter, cAdvisor's and dcgm-exporter's
+per-node figures from monitoring.py), samples per second at the 30 s scrape
+interval, against a maintainer's guidance per server (PromLabs, Julius Volz,
+"Introduction to Prometheus: Efficient Implementation": "a single large
+Prometheus server can ingest up to 1 million time series samples per second
+... It can handle several million concurrently active ... time series").
+
+    python benchmarks/bench_monitoring_series.py [--cpus 192] [--nodes 7500 --gpus 8]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import shutil
@@ -57,9 +68,44 @@ def scrape(binary: str) -> str:
         process.wait(timeout=10)
 
 
+# PromLabs' rule of thumb for one large Prometheus server (module docstring).
+GUIDANCE_SAMPLES_PER_SECOND = 1_000_000
+GUIDANCE_ACTIVE_SERIES = 2_000_000  # "several million": the low end
+
+
+def shard_load(node_exporter_series: float, nodes: int, gpus: int, shards: int) -> dict[str, float]:
+    """One shard's nodes, active series and samples/s (the mean shard and the sized one, +10%)."""
+    per_node = node_exporter_series + monitoring.CADVISOR_SERIES + monitoring.DCGM_SERIES_PER_GPU * gpus
+    mean_nodes = nodes / shards
+    series = per_node * mean_nodes
+    return {
+        "per_node": per_node,
+        "mean_nodes": mean_nodes,
+        "series": series,
+        "samples_per_second": series / monitoring.SCRAPE_INTERVAL_SECONDS,
+        "unlucky_series": series * 1.1,
+    }
+
+
+def report_shards(node_exporter_series: float, nodes: int, gpus: int, shards: int, what: str) -> None:
+    load = shard_load(node_exporter_series, nodes, gpus, shards)
+    print(f"{nodes:,} nodes x {gpus} GPUs in {shards} shards (one per {monitoring.NODES_PER_SHARD:,} nodes):")
+    print(f"  per node: {load['per_node']:.0f} series ({node_exporter_series:.0f} node-exporter {what}, "
+          f"{monitoring.CADVISOR_SERIES} cAdvisor, {gpus} x {monitoring.DCGM_SERIES_PER_GPU} dcgm-exporter)")
+    print(f"  per shard: {load['mean_nodes']:.0f} nodes, {load['series'] / 1e6:.2f} M active series "
+          f"({load['unlucky_series'] / 1e6:.2f} M on a shard 10% over the mean), "
+          f"{load['samples_per_second']:,.0f} samples/s at a {monitoring.SCRAPE_INTERVAL_SECONDS} s interval")
+    print(f"  against one server's guidance: {load['samples_per_second'] / GUIDANCE_SAMPLES_PER_SECOND:.0%} of "
+          f"1 M samples/s; {load['unlucky_series'] / 1e6:.1f} M active series, within its \"several million\" "
+          f"({load['unlucky_series'] / GUIDANCE_ACTIVE_SERIES:.1f}x its low end, 2 M)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpus", type=int, default=192)
+    parser.add_argument("--nodes", type=int, default=7_500, help="cluster nodes for the per-shard load")
+    parser.add_argument("--gpus", type=int, default=8, help="GPUs per node")
+    parser.add_argument("--shards", type=int, default=None, help="default: one per 1,000 nodes (monitoring.py)")
     args = parser.parse_args()
     binary = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
     if binary is None:
@@ -90,6 +136,9 @@ def main() -> None:
     print(f"  at {args.cpus} CPUs, the same devices: {estimate:.0f} series "
           f"(sizing assumes {monitoring.NODE_EXPORTER_SERIES}: bare metal adds per-CPU frequency "
           "series and more NICs and disks than this machine)")
+    shards = args.shards or max(1, math.ceil(args.nodes / monitoring.NODES_PER_SHARD))
+    report_shards(estimate, args.nodes, args.gpus, shards, f"measured, at {args.cpus} CPUs")
+    report_shards(monitoring.NODE_EXPORTER_SERIES, args.nodes, args.gpus, shards, "as monitoring.py sizes it")
 
 
 if __name__ == "__main__":
