@@ -52,6 +52,7 @@ class Context:
     cli: Cli
     stack_config: dict[str, Any] | None = None   # the stack file's `config:`, None when unreadable
     pulumi_usable: bool = False
+    pulumi_logged_in: bool = False
     cloud_identity: dict[str, Any] | None = None
     notes: dict[str, Any] | None = None
 

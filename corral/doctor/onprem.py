@@ -69,7 +69,7 @@ def probe(cli: Cli, cluster: Cluster, pool: OnPremPool, host: str) -> HostProbe:
         return HostProbe(host, False, str(why))
     if answer.returncode == 255:   # ssh's own failure (ssh(1), EXIT STATUS)
         return HostProbe(host, False, _reason(answer.stderr))
-    release = dict(re.findall(r'^([A-Z_]+)="?([^"\n]*)"?$', answer.stdout, re.M))
+    release = dict(re.findall(r'^([A-Z_]+)="?([^"\n]*)"?$', answer.stdout, re.MULTILINE))
     return HostProbe(host, True, sudo="corral-sudo=yes" in answer.stdout,
                      os_id=release.get("ID", ""), os_version=release.get("VERSION_ID", ""))
 

@@ -9,8 +9,8 @@ from urllib.parse import urlsplit, urlunsplit
 from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
 
-from corral.model.document import Document
 from corral.model import ValidationFailed
+from corral.model.document import Document
 from corral.model.stack import placeholder_problems, stack_file_beside
 
 from .checks import Context, Finding, Status
@@ -119,7 +119,7 @@ def check_login(ctx: Context) -> list[Finding]:
         return [Finding("pulumi.login", Status.fail, str(why), why.fix)]
     if not isinstance(who, dict) or not who.get("user"):
         return [Finding("pulumi.login", Status.fail, "`pulumi whoami --json` named no user", "pulumi login")]
-    ctx.pulumi_usable = True
+    ctx.pulumi_logged_in = True
     backend = without_secrets(str(who.get("url") or "")) or "(backend not shown)"
     return [Finding("pulumi.login", Status.passed, f"logged in as {who['user']} at {backend}")]
 
@@ -137,6 +137,8 @@ def _stack_names(cluster: str, rows: object) -> tuple[dict | None, int]:
 def check_stack(ctx: Context) -> list[Finding]:
     if skipped := _needs_pulumi("pulumi.stack", ctx):
         return [skipped]
+    if not ctx.pulumi_logged_in:
+        return [Finding("pulumi.stack", Status.skip, "needs a Pulumi login (see pulumi.login)")]
     try:
         # The fields name, current, updateInProgress, resourceCount, url: the
         # SDK's StackSummary, read from this very command (LocalWorkspace.list_stacks).
@@ -164,7 +166,7 @@ def check_config(ctx: Context) -> list[Finding]:
     shown = path.relative_to(ctx.project_dir) if path.is_relative_to(ctx.project_dir) else path
     if not path.is_file():
         return [Finding("pulumi.config", Status.fail, f"{shown} does not exist",
-                        f"create it with the settings of its cloud (stacks/README.md, 'Adding a cluster')")]
+                        "create it with the settings of its cloud (stacks/README.md, 'Adding a cluster')")]
     try:
         data = Document.read(path).load() or {}
         problems = placeholder_problems(path, ctx.name)

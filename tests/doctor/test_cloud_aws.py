@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
 from corral.doctor import Status
-from corral.doctor.cloud_aws import (AWS_ACTIONS, AWS_VPN_ACTIONS, check_credentials, check_images, check_permissions,
-                                     check_quotas, policy_source, quota_class)
+from corral.doctor.cloud_aws import (
+    AWS_ACTIONS,
+    AWS_VPN_ACTIONS,
+    check_credentials,
+    check_images,
+    check_permissions,
+    check_quotas,
+    policy_source,
+    quota_class,
+)
 from corral.doctor.pulumi_checks import check_config
 from corral.doctor.run import check_extra
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from corral.doctor import Status
-from corral.doctor.cloud_azure import check_credentials, check_images, check_permissions, check_quotas
+from corral.doctor.cloud_azure import (
+    check_credentials,
+    check_images,
+    check_permissions,
+    check_quotas,
+)
 from corral.doctor.pulumi_checks import check_config
 
 from .conftest import SUBSCRIPTION

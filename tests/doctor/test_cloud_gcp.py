@@ -9,8 +9,14 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from corral.doctor import Finding, Status
-from corral.doctor.cloud_gcp import (GCP_PERMISSIONS, GCP_VPN_PERMISSIONS, check_credentials, check_images,
-                                     check_permissions, check_quotas)
+from corral.doctor.cloud_gcp import (
+    GCP_PERMISSIONS,
+    GCP_VPN_PERMISSIONS,
+    check_credentials,
+    check_images,
+    check_permissions,
+    check_quotas,
+)
 from corral.doctor.pulumi_checks import check_config
 
 from .conftest import ROOT
@@ -31,7 +37,7 @@ def fake_resource_manager():
     granted: set[str] = set()
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 (http.server's name)
+        def do_POST(self):
             asked = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["permissions"]
             seen.append({"path": self.path, "auth": self.headers["Authorization"], "asked": asked})
             body = json.dumps({"permissions": [p for p in asked if p in granted]}).encode()

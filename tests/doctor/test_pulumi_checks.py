@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from corral.doctor import Status
-from corral.doctor.pulumi_checks import check_cli, check_config, check_login, check_stack, required_cli_version
+from corral.doctor import Finding, Status
+from corral.doctor.pulumi_checks import (
+    check_cli,
+    check_config,
+    check_login,
+    check_stack,
+    required_cli_version,
+)
 
 
 def test_a_current_cli_passes_and_names_the_floor_from_corrals_sdk_pin(world):
@@ -54,17 +60,20 @@ def test_not_logged_in_fails_with_pulumi_login(world):
     [found] = check_login(ctx)
     assert found.status is Status.fail and found.finding.startswith("not logged in to a Pulumi backend: error: ")
     assert found.fix.startswith("pulumi login")
+    assert check_stack(ctx) == [Finding("pulumi.stack", Status.skip, "needs a Pulumi login (see pulumi.login)")]
 
 
 def test_the_stack_is_found_by_name_or_qualified_name_and_a_missing_one_says_stack_init(world):
     world.state["pulumi"]["stacks"] = [{"name": "acme/corral/heron", "resourceCount": 212, "current": False}]
     ctx = world.context("heron")
     check_cli(ctx)
+    check_login(ctx)
     assert [(f.status, f.finding) for f in check_stack(ctx)] == [
         (Status.passed, "stack acme/corral/heron exists (212 resources)")]
     world.state["pulumi"]["stacks"] = [{"name": "ibis", "current": True}]
     ctx = world.context("heron")
     check_cli(ctx)
+    check_login(ctx)
     [found] = check_stack(ctx)
     assert (found.status, found.finding) == (Status.fail, "no stack heron in this backend (1 other stacks)")
     assert found.fix == f"pulumi stack init heron  (in {world.project})"
