@@ -382,10 +382,19 @@ class JoinReport:
         return self.rc == 0 and all(r.status in ("ok", "changed") for r in self.hosts.values())
 
 
+# What ssh prints when a host's key is not the recorded one (its first line is
+# a row of '@'); the report says so in words instead.
+HOST_KEY_FAILURES = ("REMOTE HOST IDENTIFICATION HAS CHANGED", "Host key verification failed")
+HOST_KEY_MESSAGE = ("ssh host key verification failed: the host presents a key that is not the one in the "
+                    "cluster's known hosts file (check the host, then `corral hosts trust CLUSTER --replace HOST`)")
+
+
 def _message(res: dict[str, Any]) -> str:
     for key in ("msg", "stderr", "reason"):
         value = res.get(key)
         if value:
+            if any(marker in str(value) for marker in HOST_KEY_FAILURES):
+                return HOST_KEY_MESSAGE
             return str(value).strip().splitlines()[0][:300] if isinstance(value, str) else str(value)[:300]
     return ""
 

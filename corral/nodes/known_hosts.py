@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from corral.model import Cluster
-from corral.model.schema import JumpHost, Ssh
+from corral.model.schema import JumpHost
 from corral.util import write_atomic
 
 # Seconds ssh-keyscan waits for a host (its -T): a host that does not answer

@@ -13,7 +13,7 @@ import pytest
 from corral.model import load_fleet
 from corral.model.hosts import HostPatternError, check_addresses, expand_addresses
 
-from .helpers import EXAMPLES, example, line_of, problems, variant
+from .helpers import example, line_of, problems, variant
 
 ROBOTICS_HOSTS = 'hosts: ["gpu-[065:072].sf1.internal"]'
 # Rack r13 has no DNS: its hosts by address (the n-th address is the n-th host's).

@@ -5,7 +5,10 @@ a cluster file whose hosts are lab hosts, an extra-vars file pointing the
 roles at the lab's signed apt repository of test fakes (what a site's mirror
 would be), join material, the fake kubectl (tests/nodes/fake_kubectl) that
 takes the run's fresh bootstrap token in place of an API server, and the
-environment that lets Ansible reach the hosts by name through an ssh config.
+environment Ansible runs in. The cluster file gives every host its address
+and the site's ssh user and key (the hosts' names resolve nowhere on this
+machine: corral reaches them by address), and `corral hosts trust` records
+their host keys before any join, so every join checks them.
 """
 
 from __future__ import annotations
@@ -28,13 +31,19 @@ def host_names(gpu: int, cpu: int, prefix: str = "jn") -> tuple[list[str], list[
             [f"{prefix}-cpu-{i:03d}.sf1.internal" for i in range(1, cpu + 1)])
 
 
-def cluster_text(site_cidr: str, gpu_hosts: list[str], cpu_hosts: list[str]) -> str:
+def cluster_text(site_cidr: str, gpu_hosts: list[str], cpu_hosts: list[str],
+                 addresses: dict[str, str] | None = None, ssh: str = "") -> str:
+    """The lab cluster; `addresses` (host -> address) gives each pool an addresses
+    list beside its hosts list, one entry per host; `ssh` the site's ssh settings."""
+    def where(hosts: list[str]) -> str:
+        return f"\n    addresses: {json.dumps([addresses[h] for h in hosts])}" if addresses else ""
+
     pools = []
     if gpu_hosts:
         pools.append(f"""  - name: gpu-h100
     provider: onprem
     site: sf1
-    hosts: {json.dumps(gpu_hosts)}
+    hosts: {json.dumps(gpu_hosts)}{where(gpu_hosts)}
     gpu: {{model: H100, count: 8, driver: "550.127.05", fabricManager: true}}
     # The lab hosts' only NIC; a container has no RDMA, so the role persists
     # the QoS settings and skips applying them.
@@ -44,7 +53,7 @@ def cluster_text(site_cidr: str, gpu_hosts: list[str], cpu_hosts: list[str]) -> 
         pools.append(f"""  - name: cpu-edge
     provider: onprem
     site: sf1
-    hosts: {json.dumps(cpu_hosts)}
+    hosts: {json.dumps(cpu_hosts)}{where(cpu_hosts)}
 """)
     return f"""apiVersion: corral.dev/v1
 kind: Cluster
@@ -60,7 +69,7 @@ controlPlane:
 sites:
   - name: sf1
     cidrs: [{site_cidr}]
-    vpn: {{peerAddress: 203.0.113.10, bgpASN: 65010}}
+    vpn: {{peerAddress: 203.0.113.10, bgpASN: 65010}}{f"{chr(10)}    ssh: {ssh}" if ssh else ""}
 network:
   # Across the site's VPN (Azure: 1400) less 50 bytes of VXLAN; it fits the
   # lab's 1500-byte veth too.
@@ -70,6 +79,17 @@ scheduling:
     - {{name: robotics, namespaces: [robotics], reservedPools: [{"gpu-h100" if gpu_hosts else "cpu-edge"}]}}
 nodePools:
 {"".join(pools)}"""
+
+
+def with_host(text: str, pool_hosts: list[str], host) -> str:
+    """Cluster text with lab `host` added to the pool whose hosts are `pool_hosts` (and addresses)."""
+    names = [*pool_hosts, host.name]
+    text = text.replace(f"hosts: {json.dumps(pool_hosts)}", f"hosts: {json.dumps(names)}", 1)
+    lines = text.splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.strip() == f"hosts: {json.dumps(names)}")
+    addresses = json.loads(lines[at + 1].split(":", 1)[1])
+    lines[at + 1] = f"    addresses: {json.dumps([*addresses, host.ip])}\n"
+    return "".join(lines)
 
 
 def site_mirror_vars(repo) -> dict:
@@ -134,6 +154,8 @@ class JoinSetup:
     env: dict[str, str]
     fake_bin: Path
     kubectl_log: Path
+    # For testinfra and people: reaches the hosts by name (corral needs none).
+    ssh_config: Path | None = None
 
     def tokens(self) -> list[str]:
         """Every bootstrap token the runs so far created (as the fake kubectl saw them)."""
@@ -148,7 +170,9 @@ def prepare(lab, repo, hosts, workdir: Path, gpu_hosts: list[str], cpu_hosts: li
     """Write the cluster file, outputs, site overrides; put the repo key on each host."""
     clusters = workdir / "clusters"
     clusters.mkdir(exist_ok=True)
-    write_atomic(clusters / f"{CLUSTER}.yaml", cluster_text(str(lab.config.network), gpu_hosts, cpu_hosts))
+    write_atomic(clusters / f"{CLUSTER}.yaml", cluster_text(
+        str(lab.config.network), gpu_hosts, cpu_hosts, addresses={h.name: h.ip for h in hosts},
+        ssh=f"{{user: root, privateKeyFile: {lab.key_path}}}"))
     outputs = workdir / "outputs.json"
     outputs.write_text(json.dumps({"apiEndpoint": "10.200.0.5:6443", "caCertHash": CA_HASH}))
     # No API server in the lab: the fake kubectl takes the run's bootstrap token.
@@ -167,19 +191,34 @@ def prepare(lab, repo, hosts, workdir: Path, gpu_hosts: list[str], cpu_hosts: li
     ssh_config = lab.write_ssh_config(workdir / "ssh_config", hosts=hosts)
     env = lab.ansible_env()
     env.update({
-        # Reach hosts by their inventory (DNS-like) names through the ssh config.
         # The lab's control path, so stopping a host also closes Ansible's
         # master connection to it (else a test's "unreachable" host is not).
-        "ANSIBLE_SSH_ARGS": (f"-F {ssh_config} -o ControlMaster=auto -o ControlPersist=120s "
+        # Address, user, key and host key checking come from the cluster file
+        # (lab.ansible_env's ANSIBLE_HOST_KEY_CHECKING=False is overridden by it).
+        "ANSIBLE_SSH_ARGS": (f"-o ControlMaster=auto -o ControlPersist=120s "
                              f"-o ControlPath={lab.control_dir}/%C -o ServerAliveInterval=5"),
-        "ANSIBLE_REMOTE_USER": "root",
         # Fresh fact cache: a host re-created under an old name has new facts.
         "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(workdir / "facts"),
         "ANSIBLE_LOCAL_TEMP": str(workdir / "ansible-tmp"),
         "KUBECONFIG": str(kubeconfig),
         "FAKE_KUBECTL_LOG": str(workdir / "kubectl.jsonl"),
     })
-    return JoinSetup(clusters, outputs, extra, workdir / "runs", env, fake_bin, workdir / "kubectl.jsonl")
+    setup = JoinSetup(clusters, outputs, extra, workdir / "runs", env, fake_bin, workdir / "kubectl.jsonl",
+                      ssh_config)
+    trusted = trust_hosts(setup)
+    if trusted.returncode != 0:
+        raise RuntimeError(f"corral hosts trust failed: {trusted.stdout}{trusted.stderr}")
+    return setup
+
+
+def trust_hosts(setup: JoinSetup, *extra: str):
+    """`corral hosts trust` the lab cluster (ssh-keyscan against the hosts' addresses)."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "corral", "hosts", "trust", CLUSTER, "--clusters",
+                           str(setup.clusters), *extra], env=env_with(setup), capture_output=True, text=True,
+                          timeout=300)
 
 
 def corral_join_argv(setup: JoinSetup, *extra: str) -> list[str]:

@@ -157,7 +157,7 @@ def test_a_bare_host_of_the_same_pool_joins_too_and_changes_far_more(image_then_
 
 
 def test_the_node_from_the_image_runs_the_pools_driver_and_runtime(image_then_join):
-    ssh_config = image_then_join["setup"].env["ANSIBLE_SSH_ARGS"].split()[1]
+    ssh_config = str(image_then_join["setup"].ssh_config)
     host = testinfra.get_host(f"ssh://{FROM_IMAGE}", ssh_config=ssh_config)
     assert host.package("nvidia-driver").version.startswith("550.127.05-")
     assert host.file("/etc/kubernetes/kubelet.conf").exists

@@ -7,13 +7,17 @@ the hosts' state is checked with testinfra; a second run finds every host up
 to date and runs no role, a forced one runs them and changes nothing, and so
 does `--check`; drift on one host (a managed file edited, a unit stopped)
 converges that host only; a host taken away mid-run must not stop the others
-and must be named in the report.
+and must be named in the report. The hosts' names resolve nowhere on this
+machine: corral reaches them by the addresses in the cluster file, and checks
+their ssh host keys against the file `corral hosts trust` recorded; a host
+whose key changed stops the join until it is trusted again.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import threading
 from pathlib import Path
@@ -63,7 +67,7 @@ def joined(hostlab, hostlab_repo, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def infra(joined):
-    config = joined["setup"].env["ANSIBLE_SSH_ARGS"].split()[1]
+    config = str(joined["setup"].ssh_config)
     return {name: testinfra.get_host(f"ssh://{name}", ssh_config=config) for name in ALL_HOSTS}
 
 
@@ -74,6 +78,27 @@ def test_first_join_succeeds_on_every_host(joined):
     assert set(rows) == set(ALL_HOSTS)
     assert all(row["status"] == "changed" for row in rows.values()), rows
     assert "4 of 4 hosts ok" in first.stdout
+
+
+def test_the_join_reached_the_hosts_by_address_without_dns(joined):
+    for name in ALL_HOSTS:
+        with pytest.raises(socket.gaierror):
+            socket.getaddrinfo(name, 22)
+    text = (joined["setup"].clusters / f"{joinlab.CLUSTER}.yaml").read_text()
+    assert all(joined["hosts"][name].ip in text for name in ALL_HOSTS)
+    assert "ANSIBLE_REMOTE_USER" not in joined["setup"].env and "-F" not in joined["setup"].env["ANSIBLE_SSH_ARGS"]
+
+
+def test_trust_recorded_the_keys_the_hosts_really_have(joined):
+    from corral.nodes.known_hosts import read
+
+    recorded = read(joined["setup"].clusters / f"{joinlab.CLUSTER}.known_hosts")
+    assert set(recorded) == set(ALL_HOSTS)
+    for name in ALL_HOSTS:
+        host = joined["hosts"][name]
+        real = {tuple(host.path(f"/etc/ssh/ssh_host_{kind}_key.pub").read_text().split()[:2])
+                for kind in ("ed25519", "ecdsa")}
+        assert recorded[name] == real, name
 
 
 def test_nodes_are_joined_with_the_pools_labels_and_taints(joined, infra):
@@ -240,3 +265,60 @@ def test_cli_exit_code_and_report_when_a_host_is_unreachable(joined):
     assert rows[victim.name]["status"] == "unreachable"
     assert all(rows[n]["status"] == "ok" for n in GPU_HOSTS)
     assert "3 of 4 hosts ok" in result.stdout
+
+
+def test_a_host_whose_key_changed_stops_the_join_until_it_is_trusted_again(joined):
+    """The host is reinstalled (new ssh host keys): corral join stops before any
+    task, naming it; ssh itself refuses it too; `corral hosts trust` reports the
+    change and records it only with --replace; then the join runs again."""
+    from datetime import timedelta
+
+    from corral.model import load_cluster
+    from corral.nodes.join import join_material, new_bootstrap_token, run_join
+    from corral.nodes.known_hosts import read
+
+    setup, victim = joined["setup"], joined["hosts"][GPU_HOSTS[1]]
+    known = setup.clusters / f"{joinlab.CLUSTER}.known_hosts"
+    recorded = known.read_text()
+    victim.stop()   # also closes the ssh master connections to it
+    for key in (victim.dir / "upper" / "etc" / "ssh").glob("ssh_host_*"):
+        key.unlink()
+    victim.start()  # the lab makes new host keys for a host that has none
+    new_keys = {tuple(victim.path(f"/etc/ssh/ssh_host_{kind}_key.pub").read_text().split()[:2])
+                for kind in ("ed25519", "ecdsa")}
+    assert new_keys.isdisjoint(read(known)[victim.name])
+
+    runs_before = joinlab.artifact_dirs(setup)
+    stopped = run_cli(setup)
+    assert stopped.returncode == 1, stopped.stdout + stopped.stderr
+    message = " ".join(stopped.stderr.split())
+    assert f"ssh host key changed for {victim.name} (the keys recorded in {known} differ" in message
+    assert f"corral hosts trust {joinlab.CLUSTER} --replace {victim.name}" in message
+    assert joinlab.artifact_dirs(setup) == runs_before, "Ansible ran"
+
+    # Without corral's check, ssh refuses the host on its own (StrictHostKeyChecking=yes
+    # against the file, though the lab's environment says ANSIBLE_HOST_KEY_CHECKING=False).
+    # First close the master connection the lab's own (unchecked) ssh opened while the
+    # host booted: Ansible shares its ControlPath, and a reused master has no key exchange.
+    subprocess.run(["ssh", *victim.ssh_options, "-O", "exit", f"root@{victim.ip}"], capture_output=True, timeout=30)
+    saved = dict(os.environ)
+    os.environ.update(setup.env)
+    try:
+        material = join_material(joinlab.CLUSTER, setup.outputs)
+        material["corral_join_token"] = new_bootstrap_token(timedelta(hours=1)).value
+        report = run_join(load_cluster(setup.clusters / f"{joinlab.CLUSTER}.yaml"), material, [victim.name],
+                          runs_dir=setup.runs_dir, extra_vars=[setup.extra_vars])
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    assert report.hosts[victim.name].status == "unreachable"
+    assert report.hosts[victim.name].message.startswith("ssh host key verification failed")
+
+    kept = joinlab.trust_hosts(setup)
+    assert kept.returncode == 1 and f"CHANGED, kept the recorded keys: {victim.name}" in kept.stdout
+    assert known.read_text() == recorded
+    replaced = joinlab.trust_hosts(setup, "--replace", victim.name)
+    assert replaced.returncode == 0, replaced.stdout + replaced.stderr
+    assert read(known)[victim.name] == new_keys
+    again = run_cli(setup)
+    assert again.returncode == 0, again.stdout + again.stderr

@@ -92,6 +92,19 @@ def test_event_tracker_folds_events_and_trusts_the_recap():
     assert seen and seen[-1] == "changed"
 
 
+def test_a_host_key_failure_is_named_as_such():
+    """ssh's changed-key warning starts with a row of '@': the report says what it is."""
+    tracker = EventTracker(["a"])
+    tracker(_event("runner_on_unreachable", "a", task="Gathering Facts", msg=(
+        'Data could not be sent to remote host "10.50.13.65". Make sure this host can be reached over ssh: '
+        "@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@\n"
+        "@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @\n...\nHost key verification failed.\n")))
+    result = tracker.report.hosts["a"]
+    assert result.status == "unreachable"
+    assert result.message.startswith("ssh host key verification failed: the host presents a key that is not the "
+                                      "one in the cluster's known hosts file")
+
+
 def test_ignored_failures_do_not_count():
     tracker = EventTracker(["a"])
     event = _event("runner_on_failed", "a", msg="probe failed")
