@@ -3,7 +3,9 @@
 Standard library only; it runs as it is from a ConfigMap in a stock Python
 image, beside classify.py, with the node's kernel log, sysfs and the
 preflight verdict's folder mounted from the host (docs/gpu-health.md).
-Every `interval_seconds` it runs its local checks (no API call):
+A thread follows the kernel log (/dev/kmsg) as it is written and hands each
+Xid or uncorrected PCIe error to the loop at once; every `interval_seconds`
+(5) it runs its local checks (no API call):
 
 1. reads the preflight verdict (/var/lib/corral/health/preflight.json); on
    cloud GPU nodes, which have no Ansible run, it runs the pool's preflight
@@ -41,6 +43,7 @@ import queue
 import random
 import shutil
 import ssl
+import stat
 import subprocess
 import sys
 import threading
@@ -128,7 +131,8 @@ def plan(node: dict, verdict: dict | None, faults: list, evict_on_fatal: bool, s
 
 def sticky_faults(state: dict | None, boot_id: str, fresh: list) -> tuple[dict, list]:
     """Kernel-log faults of this boot, old and new (the ring buffer forgets; the node does not heal)."""
-    kept = state.get("faults", []) if state and state.get("boot_id") == boot_id else []
+    # A copy: the caller compares the new state with the old one to decide whether to write it.
+    kept = list(state.get("faults", [])) if state and state.get("boot_id") == boot_id else []
     seen = {(f["condition"], f["reason"]) for f in kept}
     for fault in fresh:
         if (fault.condition, fault.reason) not in seen:
@@ -269,14 +273,18 @@ def rdma_links_from_sysfs(root: str = "/sys/class/infiniband") -> list[dict] | N
     return links
 
 
-def observe_faults(config: dict, pool: dict, state: dict | None, boot_id: str) -> tuple[dict, list]:
-    log = kernel_log(config.get("kernel_log", "/dev/kmsg"))
-    fresh = classify.xid_faults(classify.xid_events(log), set(config["fatal_xids"]), set(config["degraded_xids"]))
-    fresh += classify.pcie_faults(log)
-    state, faults = sticky_faults(state, boot_id, fresh)
+def kernel_log_faults(config: dict, lines: list[str], state: dict | None, boot_id: str) -> tuple[dict, list]:
+    """This boot's kernel-log faults: those in the state file and those in `lines`."""
+    fresh = classify.xid_faults(classify.xid_events(lines), set(config["fatal_xids"]), set(config["degraded_xids"]))
+    fresh += classify.pcie_faults(lines)
+    return sticky_faults(state, boot_id, fresh)
+
+
+def device_faults(config: dict, pool: dict) -> list:
+    """What nvidia-smi and the RoCE ports say now (asked every round: these are states, not log lines)."""
     query = ["nvidia-smi", "--format=csv,noheader,nounits"]
     identity = run(query + ["--query-gpu=index,name"])
-    faults += classify.gpu_count_faults(identity, pool["gpu_count"])
+    faults = classify.gpu_count_faults(identity, pool["gpu_count"])
     if identity is not None:
         faults += classify.memory_faults(run(query + ["--query-gpu=" + ",".join(classify.MEMORY_FIELDS)]) or "")
         if pool.get("nvlink"):
@@ -284,8 +292,82 @@ def observe_faults(config: dict, pool: dict, state: dict | None, boot_id: str) -
     if pool.get("roce_interfaces"):
         faults += classify.roce_faults(rdma_links_from_sysfs(config.get("infiniband_sysfs", "/sys/class/infiniband")),
                                        pool["roce_interfaces"])
-    faults.sort(key=lambda f: f.severity != classify.FATAL)
-    return state, faults
+    return faults
+
+
+def followable(path: str) -> bool:
+    """Whether `path` is a kernel log to follow as it is written (the device, or a FIFO
+    standing in for it) rather than a saved log re-read every round."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+
+
+class KernelLogFollower:
+    """The kernel log as it is written: a thread blocked on /dev/kmsg hands every
+    line that may be a fault (classify.fault_line) to the agent at once, so a
+    fatal Xid is tainted within the second instead of at the next round.
+
+    /dev/kmsg (the kernel's Documentation/ABI/testing/dev-kmsg): every read()
+    returns one record, "prio,seq,usec,flags;message\\n" (lines starting with a
+    space add key/value context); the first read() after open() returns the
+    first record still in the buffer, so the backlog comes once and then read()
+    blocks until the next record. When records are overwritten before this
+    reader got them, read() fails with EPIPE and the kernel moves the position
+    to the next record still there: the reader goes on (the lost ones are gone;
+    their faults, if any, were in the state file or are lost with the buffer).
+    A FIFO reads the same way, except that a record may arrive in pieces: lines
+    are split at newlines, and a writer closing it is an end, reopened.
+
+    It runs in a thread of its own, not the clock's: it waits in the kernel,
+    not on anything the simulated clock could move.
+    """
+
+    REOPEN_SECONDS = 1.0
+
+    def __init__(self, path: str, deliver, stopped) -> None:
+        self.path, self.deliver, self.stopped = path, deliver, stopped
+        self.overruns = 0
+
+    def start(self) -> None:
+        threading.Thread(target=self.run, name="kernel-log", daemon=True).start()
+
+    def _read_until_end(self, fd: int, read=os.read) -> None:
+        partial = b""
+        while not self.stopped():
+            try:
+                chunk = read(fd, 8192)
+            except OSError as err:
+                if err.errno != errno.EPIPE:
+                    raise
+                self.overruns += 1       # the kernel already moved us on to the oldest record left
+                continue
+            if not chunk:
+                return
+            lines = (partial + chunk).split(b"\n")
+            partial = lines.pop()
+            faults = [line for line in (raw.decode("utf-8", "replace") for raw in lines) if classify.fault_line(line)]
+            if faults:
+                self.deliver(faults)
+
+    def run(self) -> None:
+        while not self.stopped():
+            try:
+                fd = os.open(self.path, os.O_RDONLY)
+            except OSError as err:
+                print(f"corral-gpu-health: kernel log {self.path}: {err}", file=sys.stderr, flush=True)
+                time.sleep(self.REOPEN_SECONDS)
+                continue
+            try:
+                self._read_until_end(fd)
+            except OSError as err:
+                print(f"corral-gpu-health: kernel log {self.path}: {err}", file=sys.stderr, flush=True)
+            finally:
+                os.close(fd)
+            if not self.stopped():
+                time.sleep(self.REOPEN_SECONDS)
 
 
 # --- time (the benchmark and the load test pass a simulated clock) -------------
@@ -520,10 +602,20 @@ class Agent:
         self.awaiting_since = 0.0
         self.events = EventRecorder(api, node_name, clock)
         self.stopped = False
+        self.kernel_follower: KernelLogFollower | None = None
+        self.kernel_lines: list[str] = []          # from the follower, not classified yet
+        self.kernel_news = False
+        self.kernel_faults: list = []
+        self.device_faults: list = []
+        self.active_faults: list = []
 
     # -- what the watches say --------------------------------------------------------
 
     def take(self, item: tuple) -> None:
+        if item[0] == "kernel":
+            self.kernel_lines.extend(item[1])
+            self.kernel_news = True
+            return
         if item[0] == "sync":
             _, kind, items = item
             if kind == "node":
@@ -557,8 +649,27 @@ class Agent:
 
     # -- local checks (no API call) ----------------------------------------------------
 
+    def _new_kernel_lines(self) -> list[str]:
+        if self.kernel_follower is not None:
+            lines, self.kernel_lines, self.kernel_news = self.kernel_lines, [], False
+            return lines
+        return kernel_log(self.config.get("kernel_log", "/dev/kmsg"))
+
+    def _record_kernel_faults(self, boot_id: str, lines: list[str]) -> list:
+        state_path = os.path.join(os.path.dirname(self.config["verdict_path"]), "faults.json")
+        old_state = read_json(state_path)
+        state, faults = kernel_log_faults(self.config, lines, old_state, boot_id)
+        if state != old_state:
+            write_json(state_path, state)
+        return faults
+
+    def _all_faults(self) -> list:
+        return sorted(self.kernel_faults + self.device_faults + self.active_faults,
+                      key=lambda f: f.severity != classify.FATAL)
+
     def observe(self) -> None:
         config = self.config
+        lines = self._new_kernel_lines()
         pool = config["pools"].get((self.node["metadata"].get("labels") or {}).get(POOL_LABEL))
         if pool is None:
             self.local = None
@@ -572,16 +683,22 @@ class Agent:
                                                          pool["preflight_script"]), "--verdict", verdict_path],
                            capture_output=True, timeout=900, check=False)
             verdict = current_verdict(read_json(verdict_path), boot_id)
-        state_path = os.path.join(os.path.dirname(verdict_path), "faults.json")
-        old_state = read_json(state_path)
-        state, faults = observe_faults(config, pool, old_state, boot_id)
-        if state != old_state:
-            write_json(state_path, state)
+        self.kernel_faults = self._record_kernel_faults(boot_id, lines)
+        self.device_faults = device_faults(config, pool)
         active_path = os.path.join(os.path.dirname(verdict_path), "active.json")
         active = read_json(active_path)
-        faults += active_faults_of_boot(active, boot_id)
-        faults.sort(key=lambda f: f.severity != classify.FATAL)
-        self.local = (pool, boot_id, verdict, faults, active, active_path)
+        self.active_faults = active_faults_of_boot(active, boot_id)
+        self.local = (pool, boot_id, verdict, self._all_faults(), active, active_path)
+
+    def observe_kernel(self) -> None:
+        """Kernel-log lines the follower brought between rounds, classified now: the
+        round's other checks keep their last result."""
+        lines = self._new_kernel_lines()
+        if self.local is None:
+            return            # before the first round, or not a GPU pool: the round decides
+        pool, boot_id, verdict, _, active, active_path = self.local
+        self.kernel_faults = self._record_kernel_faults(boot_id, lines)
+        self.local = (pool, boot_id, verdict, self._all_faults(), active, active_path)
 
     # -- writes, only of a difference -------------------------------------------------------
 
@@ -667,8 +784,16 @@ class Agent:
         self.stopped = True
         self.inbox.put(STOP)
 
+    def start_kernel_log(self) -> None:
+        path = self.config.get("kernel_log", "/dev/kmsg")
+        if followable(path):
+            self.kernel_follower = KernelLogFollower(path, lambda lines: self.inbox.put(("kernel", lines)),
+                                                     lambda: self.stopped)
+            self.kernel_follower.start()
+
     def run(self) -> None:
         self.start_watches()
+        self.start_kernel_log()
         interval, next_check = self.config["interval_seconds"], self.clock.monotonic()
         while True:
             # Until the node is listed there is nothing to check it against.
@@ -689,6 +814,8 @@ class Agent:
                 if self.node is not None and self.clock.monotonic() >= next_check:
                     self.observe()
                     next_check = self.clock.monotonic() + interval
+                elif self.node is not None and self.kernel_news:
+                    self.observe_kernel()
                 self.reconcile()
             except (urllib.error.URLError, OSError, ValueError, KeyError) as err:
                 # 409 from a resourceVersion race, an API server away: the next

@@ -63,6 +63,18 @@ def load_agent(source_dir: Path, name: str = "corral_health_agent_sim") -> types
     return module
 
 
+def serve(cluster: FakeCluster, workdir: Path) -> tuple[FakeServer, Path]:
+    """The fake API server over HTTPS for `cluster`, and a service account folder
+    (token, CA) as the agent's pod has it mounted."""
+    token = secrets.token_hex(8)
+    server = FakeServer(cluster, "127.0.0.1", token, workdir).start()
+    sa_dir = workdir / "serviceaccount"
+    sa_dir.mkdir(parents=True, exist_ok=True)
+    (sa_dir / "token").write_text(token)
+    (sa_dir / "ca.crt").write_bytes(server.ca.read_bytes())
+    return server, sa_dir
+
+
 def gpu_node(name: str, *, pending: bool = False) -> dict:
     taints = [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
     if pending:
@@ -82,12 +94,7 @@ class SimulatedCluster:
         self.clock = SimClock()
         self.cluster = FakeCluster(self.clock)
         self.workdir = workdir
-        token = secrets.token_hex(8)
-        self.server = FakeServer(self.cluster, "127.0.0.1", token, workdir).start()
-        self.sa_dir = workdir / "serviceaccount"
-        self.sa_dir.mkdir(parents=True, exist_ok=True)
-        (self.sa_dir / "token").write_text(token)
-        (self.sa_dir / "ca.crt").write_bytes(self.server.ca.read_bytes())
+        self.server, self.sa_dir = serve(self.cluster, workdir)
         config = copy.deepcopy(config)
         config["pools"] = {POOL: dict(config["pools"][POOL], roce_interfaces=[], run_preflight=False,
                                       preflight_script=None)}

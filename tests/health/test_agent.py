@@ -87,6 +87,16 @@ def test_kernel_log_faults_stick_until_reboot(agent):
     assert faults == [] and state == {"boot_id": "b2", "faults": []}
 
 
+def test_a_new_kernel_log_fault_changes_the_state_to_write_not_the_state_read(agent):
+    # The agent writes the state file only when the new state differs from what it read;
+    # a fault appended to the list it read would look like no change, be lost at the
+    # ring buffer's next wrap, and lift the taint (found by issue 27's hostlab run).
+    read = {"boot_id": "b1", "faults": []}
+    state, faults = agent.sticky_faults(read, "b1", [XID79])
+    assert read == {"boot_id": "b1", "faults": []}
+    assert state != read and [f.reason for f in faults] == ["Xid79"]
+
+
 def test_rdma_links_from_sysfs(agent, tmp_path):
     port = tmp_path / "mlx5_0" / "ports" / "1"
     port.mkdir(parents=True)
