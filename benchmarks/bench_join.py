@@ -34,6 +34,7 @@ against (issue 16: within 3x).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import subprocess
@@ -132,9 +133,16 @@ def timed_join(setup, bridge: str, *extra: str) -> tuple[Timing, subprocess.Comp
 
 
 def timed_ping(setup, hosts, bridge: str) -> Timing:
-    """`ansible -m ping` of the same hosts, through the same ssh settings: the floor."""
-    argv = [str(Path(sys.executable).with_name("ansible")), "-i", ",".join(h.name for h in hosts) + ",",
-            "all", "-m", "ansible.builtin.ping", "--forks", "50"]
+    """`ansible -m ping` of the same hosts, through the join's own inventory (addresses,
+    ssh settings, host keys checked): the floor."""
+    from corral.model import load_cluster
+    from corral.nodes import inventory as inv
+
+    source = setup.runs_dir.parent / "ping-inventory.json"
+    cluster = load_cluster(setup.clusters / f"{joinlab.CLUSTER}.yaml")
+    source.write_text(json.dumps(inv.to_ansible_json(inv.as_yaml_inventory(inv.build(cluster)))))
+    argv = [str(Path(sys.executable).with_name("ansible")), "-i", str(source), ",".join(h.name for h in hosts),
+            "-m", "ansible.builtin.ping", "--forks", "50"]
     env = joinlab.env_with(setup) | {"ANSIBLE_CONFIG": str(ROOT / "ansible" / "ansible.cfg")}
     with Meter(bridge) as meter:
         result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
