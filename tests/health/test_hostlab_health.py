@@ -36,6 +36,7 @@ import pytest
 
 from corral.health import addon
 from corral.model.loader import load_cluster
+from corral.nodes.known_hosts import trust as trust_host_keys
 from corral.nodes import inventory as inv
 from tests.nodes import joinlab
 
@@ -72,10 +73,11 @@ class RebootSupervisor(threading.Thread):
                 self.reboots += 1
 
 
-def cluster_text(site_cidr: str) -> str:
+def cluster_text(site_cidr: str, address: str) -> str:
     # The join test's cluster; the pool without NVSwitch or RoCE in its
-    # preflight (a container has neither), with the pool's expected driver.
-    text = joinlab.cluster_text(site_cidr, [NAME], [])
+    # preflight (a container has neither), with the pool's expected driver;
+    # the host by its address (its name resolves only in the test's ssh config).
+    text = joinlab.cluster_text(site_cidr, [NAME], [], addresses={NAME: address})
     text = text.replace("fabricManager: true", "fabricManager: false")
     text = "\n".join(line for line in text.splitlines() if not line.strip().startswith("roce:")) + "\n"
     return text
@@ -125,8 +127,10 @@ def rig(hostlab, hostlab_repo, tmp_path_factory):
         host.run("DEBIAN_FRONTEND=noninteractive apt-get install -y -q nvidia-smi", timeout=300)
         clusters = work / "clusters"
         clusters.mkdir()
-        (clusters / f"{CLUSTER}.yaml").write_text(cluster_text(str(lab.config.network)))
+        (clusters / f"{CLUSTER}.yaml").write_text(cluster_text(str(lab.config.network), host.ip))
         cluster = load_cluster(clusters / f"{CLUSTER}.yaml")
+        # Remediation's ssh checks the host's key against the cluster's known hosts file.
+        trust_host_keys(cluster)
         # The agent, as its DaemonSet runs it: code and config from the add-on.
         files = addon.config_files(cluster)
         config = json.loads(files["config.json"])
