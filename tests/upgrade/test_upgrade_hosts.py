@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,8 @@ import testinfra  # noqa: E402
 
 from tests.hostlab.aptrepo import AptRepo  # noqa: E402
 from tests.hostlab.lab import Lab, LabConfig, available  # noqa: E402
+from corral.model import load_cluster  # noqa: E402
+from corral.nodes.known_hosts import trust as trust_host_keys  # noqa: E402
 from tests.nodes import joinlab  # noqa: E402
 
 pytestmark = pytest.mark.hostlab
@@ -99,6 +102,8 @@ class Upgrade:
         assert f'version: "{OLD}"' in text and f'driver: "{OLD_DRIVER}"' in text
         (self.clusters / f"{joinlab.CLUSTER}.yaml").write_text(
             text.replace(f'version: "{OLD}"', f'version: "{NEW}"').replace(OLD_DRIVER, NEW_DRIVER))
+        # The hosts' recorded ssh keys go with the cluster file.
+        shutil.copy(setup.clusters / f"{joinlab.CLUSTER}.known_hosts", self.clusters)
         site = json.loads(setup.extra_vars.read_text())
         site["corral_kubernetes_repo_url"] = site["corral_kubernetes_repo_url"].replace("v1.31", "v1.32")
         self.extra_vars = workdir / "site-mirror-1.32.json"
@@ -183,7 +188,7 @@ def upgrade(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def infra(upgrade):
-    config = upgrade.setup.env["ANSIBLE_SSH_ARGS"].split()[1]
+    config = str(upgrade.setup.ssh_config)
     return {name: testinfra.get_host(f"ssh://{name}", ssh_config=config) for name in ALL_HOSTS + [LATE_GPU]}
 
 
@@ -301,7 +306,10 @@ def test_join_drains_a_serving_gpu_node_for_its_driver_and_not_a_new_host(upgrad
     clusters = upgrade.workdir / "clusters-driver"
     clusters.mkdir()
     (clusters / f"{joinlab.CLUSTER}.yaml").write_text(
-        text.replace(NEW_DRIVER, JOIN_DRIVER).replace(json.dumps(GPU_HOSTS), json.dumps(GPU_HOSTS + [LATE_GPU])))
+        joinlab.with_host(text.replace(NEW_DRIVER, JOIN_DRIVER), GPU_HOSTS, upgrade.hosts[LATE_GPU]))
+    # The new host's ssh keys recorded beside the others'.
+    shutil.copy(upgrade.clusters / f"{joinlab.CLUSTER}.known_hosts", clusters)
+    assert trust_host_keys(load_cluster(clusters / f"{joinlab.CLUSTER}.yaml")).added == [LATE_GPU]
     # A training pod on the serving GPU node (no budget: it may be evicted).
     upgrade.edit_state(lambda s: s["pods"].append(
         {"name": "train-0", "namespace": "ml", "node": GPU1, "labels": {"app": "train"}}))
