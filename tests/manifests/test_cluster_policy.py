@@ -574,7 +574,7 @@ def test_the_node_approver_may_approve_only_kubelet_client_certificates(name):
          "verbs": ["update"]},
         {"apiGroups": ["certificates.k8s.io"], "resources": ["signers"],
          "resourceNames": ["kubernetes.io/kube-apiserver-client-kubelet"], "verbs": ["approve"]},
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
     ]
     deployment = objects["Deployment/kube-system/corral-node-approver"]
     assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
