@@ -46,6 +46,16 @@ rule matches), else from this controller's own pool label (only admins and
 this controller can set it), else from the request this controller approved
 for that name (CSRs are kept an hour after approval). Nothing else is kept,
 so a restart loses nothing.
+
+What it reads (issue 28, item 2; docs/scale.md). No polling: it lists the
+kubelet client requests (a field selector on their signer) and every node
+once, from the API server's watch cache, then watches the requests and only
+the nodes without its pool label (a label selector), with bookmarks, resumed
+from the last resourceVersion; 410 Gone relists from etcd, and a jittered
+resync relists once an hour (the two watches taking turns). kube_watch.py,
+beside this file, does the listing and watching. A request is decided when
+its watch event arrives (with one consistent GET of the node name it asks
+for), a node labelled when it registers; each write is made once.
 """
 
 from __future__ import annotations
@@ -53,6 +63,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import random
 import re
 import ssl
 import sys
@@ -61,6 +72,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
+
+try:
+    from .kube_watch import API_ERRORS, RETRY_SECONDS, ListWatch, SystemClock, take_waiting
+except ImportError:   # run as a script from the ConfigMap: kube_watch.py is beside it
+    from kube_watch import API_ERRORS, RETRY_SECONDS, ListWatch, SystemClock, take_waiting
 
 SIGNER = "kubernetes.io/kube-apiserver-client-kubelet"
 POOL_GROUP_PREFIX = "system:bootstrappers:corral:pool:"
@@ -354,16 +370,26 @@ class Api:
     def __init__(self) -> None:
         host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
         self.base = f"https://{host}:{port}"
-        self.context = ssl.create_default_context(cafile=os.path.join(os.environ.get("CORRAL_SA_DIR", SA_DIR), "ca.crt"))
+        self.sa_dir = os.environ.get("CORRAL_SA_DIR", SA_DIR)
+        self.context = ssl.create_default_context(cafile=os.path.join(self.sa_dir, "ca.crt"))
 
-    def call(self, method: str, path: str, body=None, content_type: str = "application/json") -> dict:
-        with open(os.path.join(os.environ.get("CORRAL_SA_DIR", SA_DIR), "token")) as fh:  # projected tokens rotate
+    def open(self, method: str, path: str, body=None, content_type: str = "application/json", timeout: float = 30):
+        with open(os.path.join(self.sa_dir, "token")) as fh:  # projected tokens rotate
             token = fh.read().strip()
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self.base + path, data=data, method=method, headers={
-            "Authorization": f"Bearer {token}", "Content-Type": content_type, "Accept": "application/json"})
-        with urllib.request.urlopen(request, context=self.context, timeout=30) as response:
+            "Authorization": f"Bearer {token}", "Content-Type": content_type, "Accept": "application/json",
+            # The API server's audit log and priority-and-fairness see who asks.
+            "User-Agent": COMPONENT})
+        return urllib.request.urlopen(request, context=self.context, timeout=timeout)
+
+    def call(self, method: str, path: str, body=None, content_type: str = "application/json") -> dict:
+        with self.open(method, path, body, content_type) as response:
             return json.loads(response.read() or b"{}")
+
+    def stream(self, path: str, timeout: float):
+        """A watch: the response, read line by line (one JSON watch event a line)."""
+        return self.open("GET", path, timeout=timeout)
 
 
 def now() -> str:
@@ -375,11 +401,28 @@ def log(**fields) -> None:
 
 
 CSR_PATH = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
+NODES_PATH = "/api/v1/nodes"
+# Only the requests this controller can act on: CSRs support a field selector on
+# their signer for list and watch (kubernetes/api certificates/v1 types.go,
+# CertificateSigningRequestSpec.signerName: "List/watch requests for
+# CertificateSigningRequests can filter on this field using a
+# "spec.signerName=NAME" fieldSelector").
+CSR_SELECTOR = "fieldSelector=" + urllib.parse.quote(f"spec.signerName={SIGNER}", safe="")
+
+
+def unlabelled_selector(config: dict) -> str:
+    """Nodes without this controller's pool label: a set-based "!key" requirement, which
+    list and watch accept as a labelSelector (kubernetes/website content/en/docs/concepts/
+    overview/working-with-objects/labels.md, "Set-based requirement" and "LIST and WATCH
+    filtering"). Labelled nodes' status updates never reach this controller."""
+    return "labelSelector=" + urllib.parse.quote("!" + config["labels"]["pool"], safe="")
 
 
 def node_exists(api: Api, name: str) -> bool:
+    """One consistent read per request decided (not a cache: the decision is who may become
+    which node, and the watch sees only unlabelled nodes)."""
     try:
-        api.call("GET", f"/api/v1/nodes/{urllib.parse.quote(name, safe='')}")
+        api.call("GET", f"{NODES_PATH}/{urllib.parse.quote(name, safe='')}")
         return True
     except urllib.error.HTTPError as err:
         if err.code == 404:
@@ -387,16 +430,17 @@ def node_exists(api: Api, name: str) -> bool:
         raise
 
 
-def record(api: Api, csr: dict, decision: Decision) -> None:
+def record(api: Api, csr: dict, decision: Decision) -> dict:
     """Write the decision on the request's approval subresource (the update carries the
     resourceVersion it was made on: a second copy of this controller loses the race
-    harmlessly), then log it and post an Event."""
+    harmlessly), then log it and post an Event. Returns the request as stored."""
     name = csr["metadata"]["name"]
     kind = "Approved" if decision.approve else "Denied"
+    csr = json.loads(json.dumps(csr))
     csr.setdefault("status", {}).setdefault("conditions", []).append({
         "type": kind, "status": "True", "reason": decision.reason, "message": decision.message,
         "lastUpdateTime": now()})
-    api.call("PUT", f"{CSR_PATH}/{urllib.parse.quote(name, safe='')}/approval", csr)
+    stored = api.call("PUT", f"{CSR_PATH}/{urllib.parse.quote(name, safe='')}/approval", csr)
     log(csr=name, decision=kind, reason=decision.reason, message=decision.message)
     api.call("POST", "/api/v1/namespaces/default/events", {
         "apiVersion": "v1", "kind": "Event",
@@ -407,26 +451,144 @@ def record(api: Api, csr: dict, decision: Decision) -> None:
         "message": decision.message[:1024], "source": {"component": COMPONENT},
         "firstTimestamp": now(), "lastTimestamp": now(), "count": 1,
     })
+    return stored if stored.get("metadata") else csr
 
 
-def once(api: Api, config: dict, label_nodes: bool = True) -> None:
-    """One round: decide every pending kubelet client request, then label pool nodes."""
-    selector = urllib.parse.quote(f"spec.signerName={SIGNER}", safe="")
-    csrs = api.call("GET", f"{CSR_PATH}?fieldSelector={selector}").get("items", [])
-    for csr in csrs:
-        decision = decide(csr, config, lambda name: node_exists(api, name))
-        if decision is not None:
-            record(api, csr, decision)
-    if not label_nodes:
-        return
-    approved = approved_pools(csrs, config)
-    for node in api.call("GET", "/api/v1/nodes").get("items", []):
-        wanted = wanted_labels(node, config, approved)
-        patch = label_patch(node, wanted) if wanted else None
-        if patch:
-            api.call("PATCH", f"/api/v1/nodes/{urllib.parse.quote(node['metadata']['name'], safe='')}", patch,
-                     "application/merge-patch+json")
-            log(node=node["metadata"]["name"], labels=patch["metadata"]["labels"])
+class Approver:
+    """What the watches say (the kubelet client requests; the nodes without a pool label),
+    and the writes that follow from it, each once.
+
+    Two watches (kube_watch.ListWatch) feed one loop: a request is decided when it
+    appears, a node is labelled when it registers (or when the request that names its
+    pool is approved). The node list at start and at each resync reads every node, so a
+    label changed by hand is put right within the resync; between them only unlabelled
+    nodes are watched.
+    """
+
+    def __init__(self, api: Api, config: dict, clock=SystemClock, rng: random.Random | None = None) -> None:
+        self.api, self.config, self.clock = api, config, clock
+        self.rng = rng or random.Random()
+        self.inbox = clock.queue()
+        self.stopped = False
+        self.csrs: dict[str, dict] = {}          # kubelet client requests by name
+        self.csrs_synced = False
+        self.approved: dict[str, str] | None = None   # node name -> pool, from self.csrs (None: to recompute)
+        self.unlabelled: dict[str, dict] = {}    # nodes without the pool label, as last seen
+        self.nodes_synced = False
+        self.to_check: dict[str, dict] = {}      # nodes to bring to their labels at the next reconcile
+
+    # -- what the watches say --------------------------------------------------------
+
+    def take(self, item: tuple) -> None:
+        pool_label = self.config["labels"]["pool"]
+        if item[0] == "sync":
+            _, kind, items = item
+            if kind == "csrs":
+                self.csrs = {c["metadata"]["name"]: c for c in items}
+                self.csrs_synced, self.approved = True, None
+            else:
+                self.to_check = {n["metadata"]["name"]: n for n in items}
+                self.unlabelled = {name: n for name, n in self.to_check.items()
+                                   if pool_label not in (n["metadata"].get("labels") or {})}
+                self.nodes_synced = True
+            return
+        _, kind, event_type, obj = item
+        name = obj["metadata"]["name"]
+        if kind == "csrs":
+            if event_type == "DELETED":
+                self.csrs.pop(name, None)
+            else:
+                self.csrs[name] = obj
+            self.approved = None
+        elif event_type == "DELETED":
+            self.unlabelled.pop(name, None)
+            self.to_check.pop(name, None)
+        else:
+            self.to_check[name] = obj
+            if pool_label in (obj["metadata"].get("labels") or {}):
+                self.unlabelled.pop(name, None)   # left the watch's selector
+            else:
+                self.unlabelled[name] = obj
+
+    # -- writes, only of a difference -------------------------------------------------------
+
+    def reconcile(self) -> None:
+        if not self.csrs_synced:
+            return
+        for name in sorted(self.csrs):
+            decision = decide(self.csrs[name], self.config, lambda node: node_exists(self.api, node))
+            if decision is not None:
+                self.csrs[name] = record(self.api, self.csrs[name], decision)
+                self.approved = None
+        if not self.nodes_synced:
+            return
+        if self.approved is None:
+            # A request approved (by this or an earlier run) may name the pool of a
+            # node waiting unlabelled: look at those again.
+            self.approved = approved_pools(list(self.csrs.values()), self.config)
+            self.to_check.update(self.unlabelled)
+        for name in sorted(self.to_check):
+            node = self.to_check[name]
+            wanted = wanted_labels(node, self.config, self.approved)
+            patch = label_patch(node, wanted) if wanted else None
+            if patch:
+                stored = self.api.call("PATCH", f"{NODES_PATH}/{urllib.parse.quote(name, safe='')}", patch,
+                                       "application/merge-patch+json")
+                log(node=name, labels=patch["metadata"]["labels"])
+                if stored.get("metadata"):
+                    self.take(("event", "nodes", "MODIFIED", stored))
+            del self.to_check[name]
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def deliver(self, item: tuple) -> None:
+        self.inbox.put(item)
+
+    def start_watches(self) -> None:
+        resync = float(self.config.get("resync_seconds", 3600))
+        # One relist per resync period, the two watches taking turns, the first at a
+        # random point of the period (a restarted approver does not relist on the hour).
+        first = self.clock.monotonic() + self.rng.uniform(0, resync)
+        watches = [("csrs", CSR_PATH, CSR_SELECTOR, CSR_SELECTOR),
+                   ("nodes", NODES_PATH, "", unlabelled_selector(self.config))]
+        for turn, (kind, path, list_query, watch_query) in enumerate(watches):
+            watch = ListWatch(self.api, self.clock, self.rng, kind, path, list_query=list_query,
+                              watch_query=watch_query, deliver=self.deliver, stopped=lambda: self.stopped,
+                              resync_at=first + turn * resync, resync_seconds=resync * len(watches), name=COMPONENT)
+            self.clock.spawn(watch.run)
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.inbox.put(STOP)
+
+    def run(self) -> None:
+        self.start_watches()
+        retry_at: float | None = None
+        while True:
+            timeout = None if retry_at is None else max(0.0, retry_at - self.clock.monotonic())
+            for item in take_waiting(self.inbox, timeout):
+                if item == STOP:
+                    return
+                self.take(item)
+            try:
+                self.reconcile()
+                retry_at = None
+            except API_ERRORS as err:
+                # A 409 from a lost race (the watch brings the winner's write), an API
+                # server away: tried again after a jittered pause, or at the next event.
+                log(error=f"{type(err).__name__}: {err}")
+                retry_at = self.clock.monotonic() + self.rng.uniform(*RETRY_SECONDS)
+
+
+STOP = ("stop",)
+
+
+def once(api: Api, config: dict) -> None:
+    """One pass from consistent reads (`--once`: debugging, tests): the loop's decisions and writes."""
+    approver = Approver(api, config)
+    approver.take(("sync", "csrs", api.call("GET", f"{CSR_PATH}?{CSR_SELECTOR}").get("items", [])))
+    approver.take(("sync", "nodes", api.call("GET", NODES_PATH).get("items", [])))
+    approver.reconcile()
 
 
 def main(argv: list[str]) -> int:
@@ -435,21 +597,15 @@ def main(argv: list[str]) -> int:
     with open(path) as fh:
         config = json.load(fh)
     api = Api()
-    rounds = 0
-    while True:
+    if argv[1:] == ["--once"]:
         try:
-            # Requests every round (a joining kubelet waits on them); the node list,
-            # larger, every `label_every` rounds.
-            once(api, config, label_nodes=rounds % config["label_every"] == 0)
-            if argv[1:] == ["--once"]:
-                return 0
-        except (urllib.error.URLError, OSError, ValueError, KeyError) as err:
-            # A 409 from a lost race, an API server away: the next round tries again.
+            once(api, config)
+            return 0
+        except API_ERRORS as err:
             log(error=f"{type(err).__name__}: {err}")
-            if argv[1:] == ["--once"]:
-                return 1
-        rounds += 1
-        time.sleep(config["interval_seconds"])
+            return 1
+    Approver(api, config).run()
+    return 0
 
 
 if __name__ == "__main__":

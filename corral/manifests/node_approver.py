@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from corral.certs import kube_watch
 from corral.certs import node_approver as controller
 from corral.health.addon import IMAGE
 from corral.model.layout import layout
@@ -41,13 +42,14 @@ NAME = "corral-node-approver"
 NAMESPACE = "kube-system"
 SERVICE_ACCOUNT_USER = f"system:serviceaccount:{NAMESPACE}:{NAME}"
 # It runs on the stock image the GPU health agent runs on (IMAGE): no image of
-# corral's own to build, scan and mirror.
+# corral's own to build, scan and mirror. kube_watch.py (its list-then-watch
+# client) ships beside it.
 CODE = Path(controller.__file__)
-# Requests are read every round (a joining kubelet waits for its certificate:
-# kubeadm gives the TLS bootstrap 5 minutes, constants.TLSBootstrapTimeout);
-# the node list, every LABEL_EVERY rounds.
-INTERVAL_SECONDS = 5
-LABEL_EVERY = 6
+WATCH_CODE = Path(kube_watch.__file__)
+# It watches (a joining kubelet's request is decided when its watch event
+# arrives, well within kubeadm's 5-minute TLS bootstrap, constants.TLSBootstrapTimeout)
+# and relists once per RESYNC_SECONDS, at a jittered point (issue 28, item 2).
+RESYNC_SECONDS = 3600
 # What kubeadm binds to its default token group for a join, bound here to the
 # pool groups instead (module docstring; the Roles exist from `kubeadm init`).
 JOIN_CLUSTER_ROLES = ("system:node-bootstrapper", "kubeadm:get-nodes")
@@ -93,14 +95,14 @@ def config(cluster: Cluster) -> dict:
         "labels": {"pool": policy.POOL_NODE_LABEL, "team": policy.TEAM_NODE_LABEL},
         "reserved_names": reserved_names(cluster),
         "pools": pools,
-        "interval_seconds": INTERVAL_SECONDS,
-        "label_every": LABEL_EVERY,
+        "resync_seconds": RESYNC_SECONDS,
     }
 
 
 def files(cluster: Cluster) -> dict[str, str]:
     return {
         "node_approver.py": CODE.read_text(),
+        "kube_watch.py": WATCH_CODE.read_text(),
         "config.json": json.dumps(config(cluster), indent=2, sort_keys=True) + "\n",
     }
 

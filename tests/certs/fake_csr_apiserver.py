@@ -4,7 +4,12 @@
 It answers only what the approver asks: list kubelet client CSRs by signer,
 PUT a CSR's approval subresource (409 on a stale resourceVersion, as the real
 one), GET a node (404 when absent), list nodes, merge-patch a node's labels,
-create events. Every write is recorded for the test to read.
+create events. Every write is recorded for the test to read. That is the
+`--once` pass's server.
+
+FakeApproverCluster (below) is the approver's loop's: the recording fake with
+watches of tests/health/fake_apiserver.py, taught CSRs, their approval and a
+"!key" label selector on nodes.
 """
 
 from __future__ import annotations
@@ -17,9 +22,19 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from tests.health.fake_apiserver import make_ca_and_cert
+from tests.health.fake_apiserver import FakeCluster, make_ca_and_cert
 
 CSR_PATH = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
+
+
+def merge_labels(node: dict, patch: dict) -> None:
+    """A JSON merge patch of metadata.labels (RFC 7386: null removes a key)."""
+    labels = node["metadata"].setdefault("labels", {})
+    for key, value in patch["metadata"]["labels"].items():
+        if value is None:
+            labels.pop(key, None)
+        else:
+            labels[key] = value
 
 
 class FakeCsrApiServer:
@@ -101,11 +116,75 @@ class FakeCsrApiServer:
             if method == "GET":
                 return 200, node
             if method == "PATCH" and content_type == "application/merge-patch+json":
-                labels = node["metadata"].setdefault("labels", {})
-                for key, value in body["metadata"]["labels"].items():
-                    if value is None:
-                        labels.pop(key, None)
-                    else:
-                        labels[key] = value
+                merge_labels(node, body)
                 return 200, node
         return 405, {"kind": "Status", "code": 405}
+
+
+# --- the recording fake with watches (the approver's API load, issue 28 item 2) -------------
+
+CSRS = "certificatesigningrequests"
+# A labelSelector "!key" is carried in the base fake's field-selector slot under this
+# marker (the base fake filters lists, watch replays and new events through _matches).
+_LABEL_ABSENT = "!label"
+
+
+class FakeApproverCluster(FakeCluster):
+    """TEST FAKE: the recording watch fake (tests/health/fake_apiserver.py: watch cache
+    reads vs etcd reads, bookmarks, 410 Gone) with what the approver asks besides:
+    CSRs listed and watched by signer (fieldSelector spec.signerName), their approval
+    subresource (409 on a stale resourceVersion), nodes listed and watched by a
+    "!key" labelSelector, and a node's labels merge-patched."""
+
+    def __init__(self, clock=None, **kwargs) -> None:
+        super().__init__(clock, **kwargs)
+        self.objects[CSRS] = {}
+
+    @staticmethod
+    def _matches(selector, obj: dict) -> bool:
+        if selector and selector[0] == _LABEL_ABSENT:
+            return selector[1] not in (obj["metadata"].get("labels") or {})
+        return FakeCluster._matches(selector, obj)
+
+    @staticmethod
+    def _with_label_selector(query: dict) -> dict:
+        label = query.get("labelSelector")
+        if not label:
+            return query
+        assert label.startswith("!") and "," not in label, f"the fake knows only '!key' label selectors: {label}"
+        return {**query, "fieldSelector": f"{_LABEL_ABSENT}={label[1:]}"}
+
+    def open_watch(self, resource: str, query: dict, headers):
+        return super().open_watch(resource, self._with_label_selector(query), headers)
+
+    def answer(self, method: str, path: str, query: dict, body, headers) -> tuple[int, dict]:
+        query = self._with_label_selector(query)
+        parts = path.split("/")
+        read = "cache" if query.get("resourceVersion") not in (None, "") else "etcd"
+        if method == "GET" and path == CSR_PATH:
+            self.record(headers, "list", CSRS, read)
+            field, _, value = query.get("fieldSelector", "").partition("=")
+            with self.lock:
+                items = [json.loads(json.dumps(c)) for c in self.objects[CSRS].values()
+                         if self._matches((field, value) if field else None, c)]
+                return 200, {"kind": "CertificateSigningRequestList",
+                             "metadata": {"resourceVersion": str(self.rv)}, "items": items}
+        if method == "PUT" and path.startswith(CSR_PATH + "/") and parts[-1] == "approval":
+            self.record(headers, "update", f"{CSRS}/approval", "write")
+            with self.lock:
+                csr = self.objects[CSRS].get(parts[-2])
+                if csr is None:
+                    return 404, {"kind": "Status", "code": 404}
+                if body["metadata"].get("resourceVersion") != csr["metadata"]["resourceVersion"]:
+                    return 409, {"kind": "Status", "code": 409, "reason": "Conflict"}
+                return 200, self.commit(CSRS, {**csr, "status": body["status"]})
+        if (method == "PATCH" and parts[:4] == ["", "api", "v1", "nodes"] and len(parts) == 5
+                and headers.get("Content-Type") == "application/merge-patch+json"):
+            self.record(headers, "patch", "nodes", "write")
+            with self.lock:
+                node = json.loads(json.dumps(self.objects["nodes"].get(parts[4]) or {}))
+                if not node:
+                    return 404, {"kind": "Status", "code": 404, "reason": "NotFound"}
+                merge_labels(node, body)
+                return 200, self.commit("nodes", node)
+        return super().answer(method, path, query, body, headers)

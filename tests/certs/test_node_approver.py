@@ -295,3 +295,27 @@ def test_a_lost_race_is_retried_next_round_not_a_crash(tmp_path, monkeypatch):
             monkeypatch.setenv(key, value)
         assert approver.main(["node_approver.py", "--once"]) == 1
         assert api.csrs["raced"]["status"] == {}
+
+
+def test_the_configmaps_files_run_as_a_script(tmp_path):
+    """As the pod runs it (the Deployment's command: `python3 /opt/corral-node-approver/node_approver.py`), with
+    kube_watch.py beside it and no corral package to import from."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "opt"
+    folder.mkdir()
+    for name, text in addon.files(JAGUAR).items():
+        (folder / name).write_text(text)
+    assert {"node_approver.py", "kube_watch.py", "config.json"} <= {p.name for p in folder.iterdir()}
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "token").write_text("t")
+    with FakeCsrApiServer(tmp_path, "t", [csr("gpu-071.sf1.internal", [ROBOTICS], name="good")], []) as api:
+        (sa / "ca.crt").write_bytes(api.ca.read_bytes())
+        env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(api.port),
+               "CORRAL_SA_DIR": str(sa), "PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin:/bin"}
+        done = subprocess.run([sys.executable, str(folder / "node_approver.py"), "--once"], env=env,
+                              cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert [c["reason"] for c in api.csrs["good"]["status"]["conditions"]] == ["CorralPoolMember"]
