@@ -325,6 +325,11 @@ def test_a_failing_preflight_at_boot_leaves_the_host_running_and_the_node_behind
     inject(rig, "gpus", "count=7\n")
     with locked_nodes(rig["state"]) as nodes:   # an operator's report: GPU fell off the bus
         nodes[0]["spec"]["taints"].append({"key": UNHEALTHY, "value": "GPUMissing", "effect": "NoExecute"})
+    # The agent sees the operator's taint by watch before its next round has asked
+    # nvidia-smi, and lifts it for a moment: remediation starts once the agent's own
+    # round stands behind it (on a loaded machine the moment was long enough to miss).
+    wait_for(rig, lambda n: condition(n, "GPUMissing").get("status") == "True" and UNHEALTHY in taints(n),
+             "the agent's own GPUMissing")
     argv = [sys.executable, "-m", "corral", "nodes", "health", CLUSTER, "--clusters", str(rig["clusters"]),
             "--kubeconfig", str(rig["work"] / "kubeconfig"), "--runs-dir", str(rig["work"] / "runs"),
             "--remediate", "-e", str(rig["timeouts"])]
