@@ -24,12 +24,22 @@ reboot stay 4 nodes; the scale-up is 10% of the nodes).
 --agent-ref measures the agent of an older commit (e.g. 1da646e, before
 issue 28: a GET of its node, a status PATCH and a pod LIST every 30 s),
 driven the way its main() drove it (a round, then sleep(interval_seconds)).
+
+    python benchmarks/bench_api_load.py --component node-approver [--nodes 1000 7500] [--hours 2]
+        [--approver-ref COMMIT]
+
+measures corral-node-approver (one replica) at each size: requests, and the
+objects its reads carry (list items, watch events). --approver-ref 390fa76 is
+the approver before issue 28 item 2 (CSR LIST every 5 s, node LIST every
+30 s, both from etcd).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import io
 import math
 import subprocess
 import sys
@@ -182,5 +192,173 @@ def main() -> None:
               f"{MAX_MUTATING_INFLIGHT} on ONE API server ({reads * ASSUMED_LATENCY_SECONDS / MAX_READS_INFLIGHT:.1%}, "
               f"{writes * ASSUMED_LATENCY_SECONDS / MAX_MUTATING_INFLIGHT:.1%})")
 
+# --- corral-node-approver (one replica): what it reads as the cluster grows -------------------
+#
+# Not per node: one approver, so it is simulated at each size (not extrapolated).
+# Around it (tests/certs/fake_csr_apiserver.py FakeApproverCluster, the recording
+# watch fake taught CSRs and "!key" label selectors): N labelled pool nodes and the
+# 3 API servers (never labelled), each kubelet posting status every 5 minutes; a
+# steady hour; then a 5-minute burst of +10% nodes joining (a CSR, approved, then
+# the Node, labelled). Besides requests it counts the objects the reads carry (list
+# items, watch events): the approver's cost grows with those, not with requests.
+
+APPROVER_JOIN_SECONDS = 30     # from a kubelet's request to its Node registering
+
+
+def legacy_approver(ref: str, folder: Path):
+    """The approver of `ref` (before issue 28) and its main()'s interval and node-list period."""
+    import importlib.util
+    import re
+
+    def show(path: str) -> str:
+        return subprocess.run(["git", "show", f"{ref}:{path}"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout
+
+    (folder / "legacy_node_approver.py").write_text(show("corral/certs/node_approver.py"))
+    spec = importlib.util.spec_from_file_location("legacy_node_approver", folder / "legacy_node_approver.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module     # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    manifest = show("corral/manifests/node_approver.py")
+    interval = int(re.search(r"^INTERVAL_SECONDS = (\d+)", manifest, re.MULTILINE).group(1))
+    label_every = int(re.search(r"^LABEL_EVERY = (\d+)", manifest, re.MULTILINE).group(1))
+    return module, interval, label_every
+
+
+def simulate_approver(nodes: int, hours: float, ref: str | None) -> dict:
+    import os
+    import random
+
+    from corral.certs import node_approver
+    from corral.manifests import node_approver as approver_addon
+    from corral.manifests.policy import POOL_NODE_LABEL
+    from corral.nodes.join import pool_token_group
+    from tests.certs.fake_csr_apiserver import CSRS, FakeApproverCluster
+    from tests.certs.test_node_approver import csr
+    from tests.health.loadsim import KUBELET_REPORT_SECONDS, serve
+    from tests.health.simclock import SimClock
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench-approver-"))
+    jaguar = load_cluster(ROOT / "clusters" / "jaguar.yaml")
+    rng = random.Random(28)
+    clock = SimClock()
+    cluster = FakeApproverCluster(clock)
+
+    def bare_node(name: str, labels: dict) -> dict:
+        return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
+                "spec": {}, "status": {}}
+
+    def kubelet(name: str, at: float) -> None:
+        def report() -> None:
+            current = cluster.get("nodes", name)
+            if current is not None:
+                current["status"]["heartbeat"] = str(clock.now())
+                cluster.put("nodes", current)
+                kubelet(name, clock.now() + KUBELET_REPORT_SECONDS)
+        clock.at(at, report)
+
+    names = [f"node-{i:05d}" for i in range(nodes)] + [f"jaguar-apiserver-{i}" for i in range(3)]
+    for name in names:
+        labels = {} if name.startswith("jaguar-apiserver") else {POOL_NODE_LABEL: "gpu-h100-sf1"}
+        cluster.put("nodes", bare_node(name, labels), "ADDED")
+        kubelet(name, rng.uniform(0, KUBELET_REPORT_SECONDS))
+    server, sa_dir = serve(cluster, workdir)
+    server.httpd.RequestHandlerClass.do_PUT = server.httpd.RequestHandlerClass._handle
+    os.environ.update({"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(server.port),
+                       "CORRAL_SA_DIR": str(sa_dir)})
+    config = approver_addon.config(jaguar)
+    running = [True]
+    if ref is None:
+        approver = node_approver.Approver(node_approver.Api(), config, clock=clock, rng=rng)
+        clock.spawn(approver.run)
+    else:
+        module, interval, label_every = legacy_approver(ref, workdir)
+        api = module.Api()
+
+        def loop() -> None:   # its main(): a round, then sleep(interval_seconds)
+            rounds = 0
+            while running:
+                try:
+                    module.once(api, config, label_nodes=rounds % label_every == 0)
+                except (OSError, ValueError, KeyError):
+                    pass
+                rounds += 1
+                clock.sleep(interval)
+        clock.spawn(loop)
+    started = time.monotonic()
+    steady_start = WARMUP_SECONDS
+    burst_start = steady_start + hours * 3600
+    clock.run_until(burst_start)
+    joining = max(1, math.ceil(SCALE_UP * nodes))
+    scale_sets = [g.name for g in approver_addon.policy.autoscaler_node_groups(jaguar) if g.pool == "cpu-d64"]
+    for i in range(joining):
+        name = f"{scale_sets[i % len(scale_sets)]}-{i:06x}"
+        at = burst_start + rng.uniform(0, BURST_SECONDS - APPROVER_JOIN_SECONDS)
+        request = csr(name, [pool_token_group("cpu-d64")], name=f"csr-{i}")
+        clock.at(at, lambda request=request: cluster.put(CSRS, request, "ADDED"))
+
+        def register(name=name) -> None:
+            cluster.put("nodes", bare_node(name, {}), "ADDED")
+            kubelet(name, clock.now() + KUBELET_REPORT_SECONDS)
+        clock.at(at + APPROVER_JOIN_SECONDS, register)
+    clock.run_until(burst_start + BURST_SECONDS)
+    approved = sum(1 for c in cluster.objects[CSRS].values() if (c.get("status") or {}).get("conditions"))
+    labelled = sum(1 for n in cluster.objects["nodes"].values() if POOL_NODE_LABEL in n["metadata"]["labels"])
+    result = {"nodes": nodes, "real_seconds": time.monotonic() - started, "steady_seconds": burst_start - steady_start,
+              "requests": list(cluster.requests), "objects": list(cluster.objects_sent),
+              "steady": (steady_start, burst_start), "burst": (burst_start, burst_start + BURST_SECONDS),
+              "joining": joining, "approved": approved, "labelled_new": labelled - nodes}
+    running.clear()
+    if ref is None:
+        approver.stopped = True
+    server.stop()
+    return result
+
+
+def approver_rates(result: dict, phase: str) -> dict:
+    """{(verb, resource, kind): req/s} and {("objects", resource, list|watch): objects/s} in a phase."""
+    start, end = result[phase]
+    seconds = end - start
+    out = collections.Counter()
+    for r in result["requests"]:
+        if start <= r["t"] < end:
+            out[(r["verb"], r["resource"], kind(r))] += 1 / seconds
+    for t, resource, count, how in result["objects"]:
+        if start <= t < end:
+            out[("objects", resource, f"by {how}")] += count / seconds
+    return out
+
+
+def approver_main(sizes: list[int], hours: float, ref: str | None) -> None:
+    component = "corral-node-approver" + (f" at {ref}" if ref else "")
+    with contextlib.redirect_stdout(io.StringIO()):   # the approver's own log lines
+        results = [simulate_approver(n, hours, ref) for n in sizes]
+    for r in results:
+        print(f"{component}: {r['nodes']:,} nodes simulated in {r['real_seconds']:.0f} s real time; burst: "
+              f"{r['joining']} joins, {r['approved']} requests decided, {r['labelled_new']} new nodes labelled")
+    burst_title = (f"Burst: +{SCALE_UP:.0%} nodes joining over {BURST_SECONDS // 60} min ({component}), "
+                   "per second averaged over the burst")
+    for phase, title in (("steady", f"Steady state ({component}), per second"), ("burst", burst_title)):
+        data = [approver_rates(r, phase) for r in results]
+        keys = sorted(set().union(*data), key=lambda k: (k[0] == "objects", k[2] == "watch", k))
+        print(f"\n{title}:")
+        sizes_header = " | ".join(f"{r['nodes']:,} nodes" for r in results)
+        print(f"| verb | resource | kind | {sizes_header} |")
+        print("| --- | --- | --- | " + " | ".join("---:" for _ in results) + " |")
+        for key in keys:
+            print(f"| {' | '.join(key)} | " + " | ".join(f"{d.get(key, 0):.4f}" for d in data) + " |")
+        totals = [sum(v for k, v in d.items() if k[0] not in ("objects", "watch")) for d in data]
+        print("| **all but watches** | | | " + " | ".join(f"**{t:.4f}**" for t in totals) + " |")
+
+
 if __name__ == "__main__":
-    main()
+    if "--component" in sys.argv:
+        parser = argparse.ArgumentParser(description="corral-node-approver's API reads at each cluster size")
+        parser.add_argument("--component", choices=["node-approver"], required=True)
+        parser.add_argument("--nodes", type=int, nargs="+", default=[1_000, 7_500])
+        parser.add_argument("--hours", type=float, default=1.0)
+        parser.add_argument("--approver-ref", help="git commit whose corral/certs/node_approver.py to measure")
+        arguments = parser.parse_args()
+        approver_main(arguments.nodes, arguments.hours, arguments.approver_ref)
+    else:
+        main()

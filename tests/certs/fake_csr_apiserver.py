@@ -139,6 +139,13 @@ class FakeApproverCluster(FakeCluster):
     def __init__(self, clock=None, **kwargs) -> None:
         super().__init__(clock, **kwargs)
         self.objects[CSRS] = {}
+        # (time, resource, how many objects, "list" or "watch"): what the reads carried.
+        self.objects_sent: list[tuple[float, str, int, str]] = []
+
+    def _send(self, watch, event: dict) -> None:
+        if event["type"] not in ("BOOKMARK", "ERROR"):
+            self.objects_sent.append((self.clock.now(), watch.resource, 1, "watch"))
+        super()._send(watch, event)
 
     @staticmethod
     def _matches(selector, obj: dict) -> bool:
@@ -167,6 +174,7 @@ class FakeApproverCluster(FakeCluster):
             with self.lock:
                 items = [json.loads(json.dumps(c)) for c in self.objects[CSRS].values()
                          if self._matches((field, value) if field else None, c)]
+                self.objects_sent.append((self.clock.now(), CSRS, len(items), "list"))
                 return 200, {"kind": "CertificateSigningRequestList",
                              "metadata": {"resourceVersion": str(self.rv)}, "items": items}
         if method == "PUT" and path.startswith(CSR_PATH + "/") and parts[-1] == "approval":
@@ -187,4 +195,8 @@ class FakeApproverCluster(FakeCluster):
                     return 404, {"kind": "Status", "code": 404, "reason": "NotFound"}
                 merge_labels(node, body)
                 return 200, self.commit("nodes", node)
-        return super().answer(method, path, query, body, headers)
+        code, answer = super().answer(method, path, query, body, headers)
+        if method == "GET" and path == "/api/v1/nodes":
+            with self.lock:
+                self.objects_sent.append((self.clock.now(), "nodes", len(answer["items"]), "list"))
+        return code, answer
