@@ -827,7 +827,8 @@ class Cluster(Spec):
     def known_hosts_file(self) -> Path | None:
         """The on-prem hosts' ssh host keys, reviewed and committed beside the
         cluster file (`clusters/<name>.known_hosts`, written by `corral hosts trust`)."""
-        return self._source_file.with_suffix(".known_hosts") if self._source_file else None
+        # Absolute: ssh runs it from Ansible's working directory, not the operator's.
+        return self._source_file.absolute().with_suffix(".known_hosts") if self._source_file else None
 
     def ssh_for(self, pool: OnPremPool) -> Ssh:
         """The ssh settings of a pool's hosts: the pool's, then its site's."""
