@@ -300,3 +300,13 @@ def test_ansible_connects_to_the_address_with_the_hosts_own_options(cluster_file
     assert host_vars["ansible_host"] == "10.50.13.66"
     assert host_vars["ansible_ssh_common_args"].endswith("-o HostKeyAlias=gpu-066.sf1.internal")
     assert host_vars["corral_pool"] == "gpu-h100-robotics"
+
+
+def test_a_relative_cluster_path_gives_an_absolute_known_hosts_path(tmp_path, monkeypatch):
+    """ssh runs from Ansible's working directory: a relative path there names no file."""
+    small_fleet(tmp_path / "clusters")
+    monkeypatch.chdir(tmp_path)
+    cluster = load_cluster(Path("clusters") / "jaguar.yaml")
+    assert cluster.known_hosts_file == tmp_path / "clusters" / "jaguar.known_hosts"
+    args = build(cluster)["_meta"]["hostvars"]["gpu-065.sf1.internal"]["ansible_ssh_common_args"]
+    assert f"UserKnownHostsFile={tmp_path / 'clusters' / 'jaguar.known_hosts'}" in shlex.split(args)
