@@ -275,6 +275,7 @@ def rdma_links_from_sysfs(root: str = "/sys/class/infiniband") -> list[dict] | N
 
 def kernel_log_faults(config: dict, lines: list[str], state: dict | None, boot_id: str) -> tuple[dict, list]:
     """This boot's kernel-log faults: those in the state file and those in `lines`."""
+    lines = classify.kernel_lines(lines)
     fresh = classify.xid_faults(classify.xid_events(lines), set(config["fatal_xids"]), set(config["degraded_xids"]))
     fresh += classify.pcie_faults(lines)
     return sticky_faults(state, boot_id, fresh)

@@ -135,10 +135,29 @@ class XidEvent:
     text: str
 
 
+# A /dev/kmsg record's prefix, "prio,seq,usec,flags;" (the kernel's
+# Documentation/ABI/testing/dev-kmsg). prio is facility << 3 | level, and
+# "it is not possible to inject messages from userspace with the facility
+# number LOG_KERN (0)": a record of another facility was written by a process
+# (a pod that can write the host's /dev/kmsg), not by the driver.
+KMSG_PREFIX = re.compile(r"^(?P<prio>\d+),\d+,\d+,[^;]*;")
+
+
+def from_userspace(line: str) -> bool:
+    """A /dev/kmsg record a process wrote (not the kernel's facility): never a GPU's fault."""
+    match = KMSG_PREFIX.match(line)
+    return bool(match) and int(match["prio"]) >> 3 != 0
+
+
+def kernel_lines(lines) -> list[str]:
+    """The lines the kernel itself logged (saved logs without the record prefix count as such)."""
+    return [line for line in lines if not from_userspace(line)]
+
+
 def fault_line(line: str) -> bool:
     """Whether a kernel-log line may be a fault (an Xid or an uncorrected PCIe
-    error): the kernel-log follower wakes the agent only for these."""
-    return bool(XID_LINE.search(line) or (AER_LINE.search(line) and "Uncorrected" in line))
+    error, logged by the kernel): the kernel-log follower wakes the agent only for these."""
+    return not from_userspace(line) and bool(XID_LINE.search(line) or (AER_LINE.search(line) and "Uncorrected" in line))
 
 
 def xid_events(lines) -> list[XidEvent]:

@@ -97,6 +97,13 @@ def test_a_new_kernel_log_fault_changes_the_state_to_write_not_the_state_read(ag
     assert state != read and [f.reason for f in faults] == ["Xid79"]
 
 
+def test_a_forged_kernel_record_does_not_taint(agent):
+    config = {"fatal_xids": [79], "degraded_xids": []}
+    forged = "14,77,900,-;NVRM: Xid (PCI:0000:2b:00): 79, pid=1, GPU has fallen off the bus."   # LOG_USER, info
+    state, faults = agent.kernel_log_faults(config, [forged], None, "b1")
+    assert faults == [] and state == {"boot_id": "b1", "faults": []}
+
+
 def test_rdma_links_from_sysfs(agent, tmp_path):
     port = tmp_path / "mlx5_0" / "ports" / "1"
     port.mkdir(parents=True)

@@ -142,3 +142,13 @@ def test_fault_lines_are_told_from_the_rest_of_the_kernel_log():
     assert c.fault_line("3,88,99,-;pcieport 0000:16:02.0: AER: Uncorrected (Fatal) error received: 0000:18:00.0")
     assert not c.fault_line("4,90,99,-;pcieport 0000:00:01.0: AER: Corrected error received: 0000:01:00.0")
     assert not c.fault_line("6,91,99,-;eth0: link up")
+
+
+def test_a_record_a_process_wrote_into_the_kernel_log_is_not_a_fault():
+    # dev-kmsg: userspace cannot log with the kernel's facility (0); prio = facility << 3 | level.
+    forged = "12,77,900,-;NVRM: Xid (PCI:0000:2b:00): 79, pid=2213, GPU has fallen off the bus."   # LOG_USER
+    real = "4,78,901,-;NVRM: Xid (PCI:0000:2b:00): 79, pid=2213, GPU has fallen off the bus."       # LOG_KERN
+    assert c.from_userspace(forged) and not c.from_userspace(real)
+    assert not c.fault_line(forged) and c.fault_line(real)
+    assert c.kernel_lines([forged, real, "NVRM: Xid (0000:01:00): 48, saved dmesg line"]) == [
+        real, "NVRM: Xid (0000:01:00): 48, saved dmesg line"]
