@@ -10,6 +10,19 @@ requests of its own node identity for its own name and address: right after
 the boot script joined it, and every few minutes after, for the kubelet's
 rotations (a serving certificate lives a year; the kubelet asks for a new one
 before it expires).
+
+The timer costs the API server nothing while no request can be pending
+(issue 28: corral's components make no polling reads at steady state): the
+script reads the kubelet's current serving certificate on disk first, and
+asks the API server only while there is none (the first boot) or once it is
+into the window in which the kubelet rotates it. client-go's certificate
+manager, which the kubelet uses, rotates at a jittered 70-90% of the
+certificate's lifetime (`nextRotationDeadline`/`jitteryDuration`,
+k8s.io/client-go/util/certificate/certificate_manager.go); the script starts
+asking at ROTATION_WINDOW_PERCENT, a little before. When it asks, it lists
+only the kubelet-serving requests (the `spec.signerName` field selector of
+certificates/v1) from the watch cache (`resourceVersion=0`), not every CSR
+from etcd.
 """
 
 from __future__ import annotations
@@ -23,6 +36,10 @@ SCRIPT_PATH = "/usr/local/sbin/corral-approve-own-serving-csr"
 SERVICE = "corral-approve-own-serving-csr.service"
 TIMER = "corral-approve-own-serving-csr.timer"
 ADMIN_KUBECONFIG = "/etc/kubernetes/admin.conf"
+# Where the kubelet keeps its current serving certificate with serverTLSBootstrap
+# (its "kubelet-server" certificate store in --cert-dir, /var/lib/kubelet/pki).
+KUBELET_SERVING_CERT = "/var/lib/kubelet/pki/kubelet-server-current.pem"
+ROTATION_WINDOW_PERCENT = 65
 # Soon after the boot script's join (the kubelet asks at once), then often
 # enough that a rotation waits minutes, not hours.
 FIRST_DELAY = "30s"
@@ -30,8 +47,10 @@ INTERVAL = "5min"
 ENABLE_COMMAND = f"systemctl daemon-reload && systemctl enable --now {TIMER}"
 
 
-def render_script(node_name: str, address: str, kubeconfig: str = ADMIN_KUBECONFIG) -> str:
-    return render("certs/approve-own-serving-csr.sh.j2", node_name=node_name, address=address, kubeconfig=kubeconfig)
+def render_script(node_name: str, address: str, kubeconfig: str = ADMIN_KUBECONFIG,
+                  serving_cert: str = KUBELET_SERVING_CERT) -> str:
+    return render("certs/approve-own-serving-csr.sh.j2", node_name=node_name, address=address, kubeconfig=kubeconfig,
+                  serving_cert=serving_cert, rotation_window_percent=ROTATION_WINDOW_PERCENT)
 
 
 def part(server: Machine) -> Part:

@@ -2,12 +2,13 @@
 
 The rendered script runs for real (bash, python3, openssl) against requests
 made with openssl; kubectl is a TEST FAKE at the process boundary that
-serves them as `kubectl get csr -o json` would and records approvals.
+serves them as the API server's CSR list would and records every call.
 """
 
 from __future__ import annotations
 
 import base64
+import datetime
 import json
 import os
 import subprocess
@@ -26,13 +27,17 @@ NODE, ADDRESS = "jaguar-api-0", "10.200.0.10"
 
 FAKE_KUBECTL = textwrap.dedent("""\
     #!/bin/sh
-    # TEST FAKE kubectl: `get csr -o json` prints $FAKE_CSRS; `certificate approve N` is recorded.
+    # TEST FAKE kubectl: `get --raw URL` prints $FAKE_CSRS; `certificate approve N` is recorded;
+    # every call is logged to $FAKE_CALLS.
+    echo "$*" >> "$FAKE_CALLS"
     case "$1 $2" in
-      "get csr") cat "$FAKE_CSRS" ;;
+      "get --raw") cat "$FAKE_CSRS" ;;
       "certificate approve") echo "$3" >> "$FAKE_APPROVED" ;;
       *) echo "fake kubectl: unexpected $*" >&2; exit 2 ;;
     esac
     """)
+SERVING_LIST = ("get --raw /apis/certificates.k8s.io/v1/certificatesigningrequests"
+                "?fieldSelector=spec.signerName%3Dkubernetes.io%2Fkubelet-serving&resourceVersion=0")
 
 
 def request(tmp_path: Path, cn: str, sans: str) -> str:
@@ -52,7 +57,8 @@ def csr(name: str, req: str, username: str, conditions=None, signer="kubernetes.
 @pytest.fixture
 def run(tmp_path):
     script = tmp_path / "approve"
-    script.write_text(serving_csr.render_script(NODE, ADDRESS, kubeconfig=str(tmp_path / "admin.conf")))
+    script.write_text(serving_csr.render_script(NODE, ADDRESS, kubeconfig=str(tmp_path / "admin.conf"),
+                                                serving_cert=str(tmp_path / "kubelet-server-current.pem")))
     script.chmod(0o755)
     kubectl = tmp_path / "kubectl"
     kubectl.write_text(FAKE_KUBECTL)
@@ -63,7 +69,7 @@ def run(tmp_path):
         approved = tmp_path / "approved"
         approved.unlink(missing_ok=True)
         env = dict(os.environ, CORRAL_KUBECTL=str(kubectl), FAKE_CSRS=str(tmp_path / "csrs.json"),
-                   FAKE_APPROVED=str(approved))
+                   FAKE_APPROVED=str(approved), FAKE_CALLS=str(tmp_path / "calls"))
         result = subprocess.run([str(script)], env=env, capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stderr
         return (approved.read_text().split() if approved.exists() else []), result.stderr
@@ -91,6 +97,54 @@ def test_anything_else_is_left_alone(run, tmp_path):
     ])
     assert approved == []
     assert "not approving extra-ip" in stderr and "not approving other-name" in stderr
+
+
+def serving_certificate(path: Path, lived: datetime.timedelta, left: datetime.timedelta) -> None:
+    """A self-signed certificate standing in for the kubelet's: `lived` since notBefore, `left` to notAfter."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{NODE}")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - lived).not_valid_after(now + left)
+            .sign(key, hashes.SHA256()))
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def calls(tmp_path: Path) -> list[str]:
+    log = tmp_path / "calls"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_while_the_serving_certificate_is_young_the_api_server_is_not_asked(run, tmp_path):
+    """Issue 28: no polling read at steady state. Ten days into a year, no request can be pending."""
+    serving_certificate(tmp_path / "kubelet-server-current.pem", datetime.timedelta(days=10),
+                        datetime.timedelta(days=355))
+    own = request(tmp_path, f"system:node:{NODE}", f"DNS:{NODE},IP:{ADDRESS}")
+    approved, _ = run([csr("csr-own", own, f"system:node:{NODE}")])
+    assert approved == [] and calls(tmp_path) == []
+
+
+@pytest.mark.parametrize("lived,left", [
+    (datetime.timedelta(days=300), datetime.timedelta(days=65)),   # 82% of its life: the kubelet rotates now
+    (datetime.timedelta(days=400), datetime.timedelta(days=-35)),  # expired
+])
+def test_in_the_rotation_window_it_asks_for_serving_requests_only_from_the_cache(run, tmp_path, lived, left):
+    serving_certificate(tmp_path / "kubelet-server-current.pem", lived, left)
+    own = request(tmp_path, f"system:node:{NODE}", f"DNS:{NODE},IP:{ADDRESS}")
+    approved, _ = run([csr("csr-own", own, f"system:node:{NODE}")])
+    assert approved == ["csr-own"]
+    assert calls(tmp_path) == [SERVING_LIST, "certificate approve csr-own"]
+
+
+def test_without_a_serving_certificate_it_asks_at_once(run, tmp_path):
+    own = request(tmp_path, f"system:node:{NODE}", f"DNS:{NODE},IP:{ADDRESS}")
+    approved, _ = run([csr("csr-own", own, f"system:node:{NODE}")])
+    assert approved == ["csr-own"] and calls(tmp_path)[0] == SERVING_LIST
 
 
 def test_the_cluster_approver_no_longer_takes_api_server_names_or_addresses():
