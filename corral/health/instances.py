@@ -311,23 +311,15 @@ def parse_node_groups(value: object, source: str) -> NodeGroups:
 def read_node_groups(cluster: str, outputs_file: Path | None) -> NodeGroups:
     """The stack output `nodeGroups`: from `--outputs FILE` (the stack outputs as JSON, as
     `corral join --outputs` reads them) or `pulumi stack output nodeGroups --json -s CLUSTER`."""
-    if outputs_file is None:
-        from corral.nodes.join import JoinError, _stack_output
+    from corral.nodes.join import JoinError, read_outputs_file, stack_output
 
-        instead = f"pass --outputs FILE (a JSON object with the stack output {NODE_GROUPS_OUTPUT})"
-        try:
-            return parse_node_groups(_stack_output(cluster, NODE_GROUPS_OUTPUT, instead=instead),
-                                     f"stack {cluster}")
-        except JoinError as error:
-            raise HealthError(str(error)) from None
     try:
-        outputs = json.loads(Path(outputs_file).read_text(encoding="utf-8"))
-    except OSError as error:
-        raise HealthError(f"cannot read {outputs_file}: {error.strerror}") from None
-    except UnicodeDecodeError:
-        raise HealthError(f"{outputs_file}: not UTF-8 text") from None
-    except json.JSONDecodeError as error:
-        raise HealthError(f"{outputs_file}:{error.lineno}:{error.colno}: not JSON: {error.msg}") from None
+        if outputs_file is None:
+            instead = f"pass --outputs FILE (a JSON object with the stack output {NODE_GROUPS_OUTPUT})"
+            return parse_node_groups(stack_output(cluster, NODE_GROUPS_OUTPUT, instead=instead), f"stack {cluster}")
+        outputs = read_outputs_file(outputs_file)
+    except JoinError as error:
+        raise HealthError(str(error)) from None
     if not isinstance(outputs, dict) or NODE_GROUPS_OUTPUT not in outputs:
         raise HealthError(f"{outputs_file}: no stack output {NODE_GROUPS_OUTPUT} (a JSON object of stack outputs; "
                           "`pulumi stack output --json` after `corral up` has it)")

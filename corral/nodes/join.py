@@ -83,7 +83,7 @@ def _pulumi_or_error(instead: str) -> None:
         raise JoinError(f"the pulumi CLI is not installed: install it, or {instead}")
 
 
-def _stack_output(cluster: str, key: str, secret: bool = False,
+def stack_output(cluster: str, key: str, secret: bool = False,
                   instead: str = INSTEAD_OF_STACK_OUTPUTS) -> Any:
     """One stack output, read into memory (never printed, never a file)."""
     _pulumi_or_error(instead)
@@ -99,6 +99,18 @@ def _stack_output(cluster: str, key: str, secret: bool = False,
         raise JoinError(f"pulumi stack output {key} -s {cluster} did not print JSON") from None
 
 
+def read_outputs_file(outputs_file: Path) -> Any:
+    """The stack outputs saved as JSON (`pulumi stack output --json > FILE`), as parsed; errors name file:line:column."""
+    try:
+        return json.loads(Path(outputs_file).read_text(encoding="utf-8"))
+    except OSError as err:
+        raise JoinError(f"cannot read {outputs_file}: {err.strerror}") from None
+    except UnicodeDecodeError:
+        raise JoinError(f"{outputs_file}: not UTF-8 text") from None
+    except json.JSONDecodeError as err:
+        raise JoinError(f"{outputs_file}:{err.lineno}:{err.colno}: not JSON: {err.msg}") from None
+
+
 def join_material(cluster: str, outputs_file: Path | None) -> dict[str, Any]:
     """The join variables but the token, from `--outputs FILE` or `pulumi stack output`.
 
@@ -107,18 +119,10 @@ def join_material(cluster: str, outputs_file: Path | None) -> dict[str, Any]:
     the file is ignored (every run creates its own).
     """
     if outputs_file is not None:
-        try:
-            outputs = json.loads(Path(outputs_file).read_text(encoding="utf-8"))
-        except OSError as err:
-            raise JoinError(f"cannot read {outputs_file}: {err.strerror}") from None
-        except UnicodeDecodeError:
-            raise JoinError(f"{outputs_file}: not UTF-8 text") from None
-        except json.JSONDecodeError as err:
-            raise JoinError(f"{outputs_file}:{err.lineno}:{err.colno}: not JSON: {err.msg}") from None
-        source = str(outputs_file)
+        outputs, source = read_outputs_file(outputs_file), str(outputs_file)
     else:
         _pulumi_or_error(INSTEAD_OF_STACK_OUTPUTS)
-        outputs, source = {key: _stack_output(cluster, key) for key in OUTPUT_KEYS}, f"stack {cluster}"
+        outputs, source = {key: stack_output(cluster, key) for key in OUTPUT_KEYS}, f"stack {cluster}"
     if not isinstance(outputs, dict):
         raise JoinError(f"{source}: expected a JSON object of stack outputs")
     missing = [key for key in OUTPUT_KEYS if not outputs.get(key)]
@@ -244,7 +248,7 @@ class ClusterAccess:
         if os.environ.get("KUBECONFIG"):
             return cls()
         if from_stack:
-            text = _stack_output(cluster, CREDENTIAL_OUTPUT, secret=True, instead=INSTEAD_OF_STACK_CREDENTIAL)
+            text = stack_output(cluster, CREDENTIAL_OUTPUT, secret=True, instead=INSTEAD_OF_STACK_CREDENTIAL)
             if not isinstance(text, str) or not text.strip():
                 raise JoinError(f"stack {cluster}: stack output {CREDENTIAL_OUTPUT} is missing or empty")
             return cls(kubeconfig_text=text)
