@@ -1,16 +1,46 @@
 """The `corral` command line."""
 
+from typing import Annotated
+
 import typer
 
 from . import certs, diff, doctor, edit, etcd, fleet, infra, manifests, nodes, upgrade, usage
+from .common import CorralTyper, out
 
-app = typer.Typer(
+# add_completion gives --install-completion/--show-completion (typer's shell
+# completion, https://typer.tiangolo.com/tutorial/options-autocompletion/).
+app = CorralTyper(
     name="corral",
     help="GPU Kubernetes clusters across Azure, AWS, GCP and your own data centres.",
-    no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,
 )
+
+
+def installed_version() -> str:
+    """The version pip installed (the package metadata), not a constant that drifts from pyproject.toml."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("corral")
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
+
+
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        out.print(f"corral {installed_version()}", markup=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option(
+        "--version", help="Print corral's version and exit.", callback=_print_version, is_eager=True)] = False,
+) -> None:
+    """GPU Kubernetes clusters across Azure, AWS, GCP and your own data centres."""
+
+
 fleet.register(app)
 nodes.register(app)
 edit.register(app)

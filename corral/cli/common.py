@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
+import typer.core
 from rich.console import Console
 from rich.markup import escape
 
@@ -127,3 +128,78 @@ def cluster_or_exit(clusters: Path, name: str) -> Cluster:
     if name not in fleet.clusters:
         fail(f"{path} defines no cluster named '{name}'")
     return fleet.clusters[name]
+
+
+# The command-line conventions (docs/cli.md): `-o/--output FORMAT` picks what a
+# command prints, `--out FILE` names a file it writes, usage lines name
+# arguments in capitals (NAME, CLUSTER), and flags carry no metavar.
+# typer 0.29 prints a required argument as `{name}` and every flag as `<bool>`
+# (typer/core.py: TyperArgument._usage_display_name, TyperOption.display_type):
+# these classes say it the corral way for every command.
+
+
+def _plain_metavars(params) -> None:
+    for param in params:
+        # Arguments keep their lower-case name in the help panel and in error
+        # hints ("Invalid value for 'cluster'"); only the usage line capitalises it.
+        if isinstance(param, typer.core.TyperOption) and param.is_flag and param.metavar is None:
+            param.metavar = ""
+
+
+def _usage_pieces(command, ctx) -> list[str]:
+    pieces = [command.options_metavar] if command.options_metavar else []
+    for param in command.get_params(ctx):
+        if isinstance(param, typer.core.TyperArgument):
+            name = param.metavar or param.name.upper()
+            name = name if param.required else f"[{name}]"
+            pieces.append(name + ("..." if param.nargs != 1 else ""))
+    return pieces
+
+
+class CorralCommand(typer.core.TyperCommand):
+    def get_params(self, ctx):
+        params = super().get_params(ctx)
+        _plain_metavars(params)
+        return params
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        return _usage_pieces(self, ctx)
+
+
+class CorralGroup(typer.core.TyperGroup):
+    def get_params(self, ctx):
+        params = super().get_params(ctx)
+        _plain_metavars(params)
+        return params
+
+
+class CorralTyper(typer.Typer):
+    """A typer app whose commands follow the conventions above."""
+
+    def __init__(self, **kwargs) -> None:
+        kwargs.setdefault("cls", CorralGroup)
+        kwargs.setdefault("no_args_is_help", True)
+        super().__init__(**kwargs)
+
+    def command(self, *args, **kwargs):
+        kwargs.setdefault("cls", CorralCommand)
+        return super().command(*args, **kwargs)
+
+
+def examples(*lines: str) -> str:
+    """A command's Examples section (its epilog): commands that run on the shipped clusters.
+
+    tests/test_cli_conventions.py runs every line (or parses it, when it
+    needs a cloud), so an example cannot go stale.
+    """
+    return "Examples:\n\n" + "\n\n".join(f"  $ {line}" for line in lines)
+
+
+def example_lines(epilog: str | None) -> list[str]:
+    """The commands in an epilog made by examples(), without the prompt."""
+    return [line.strip()[2:] for line in (epilog or "").splitlines() if line.strip().startswith("$ ")]
+
+
+def chosen_format(output, legacy_format):
+    """`-o/--output`, or the hidden `--format` that shipped workflows and docs still spell."""
+    return legacy_format if legacy_format is not None else output

@@ -16,6 +16,7 @@ from .common import (
     DEFAULT_CLUSTERS,
     ClusterArg,
     ClustersOption,
+    CorralTyper,
     check_cluster_name,
     cluster_path,
     err,
@@ -23,8 +24,8 @@ from .common import (
     out,
 )
 
-nodepool_app = typer.Typer(help="Add, list, resize and remove a cluster's node pools.", no_args_is_help=True)
-cluster_app = typer.Typer(help="Create cluster definitions.", no_args_is_help=True)
+nodepool_app = CorralTyper(help="Add, list, resize and remove a cluster's node pools.", no_args_is_help=True)
+cluster_app = CorralTyper(help="Create cluster definitions.", no_args_is_help=True)
 
 PoolArg = Annotated[str, typer.Argument(help="Pool name (nodePools[].name).", show_default=False)]
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the diff; write nothing.")]

@@ -14,10 +14,10 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from .common import (DEFAULT_CLUSTERS, ClusterArg, ClustersOption, check_ssh_user_option, cluster_or_exit,
+from .common import (DEFAULT_CLUSTERS, ClusterArg, ClustersOption, CorralTyper, check_ssh_user_option, cluster_or_exit,
                      etcdctl_or_exit, fail, out)
 
-app = typer.Typer(help="etcd: status, snapshots, restore, member replacement, growing and shrinking (docs/etcd.md).",
+app = CorralTyper(help="etcd: status, snapshots, restore, member replacement, growing and shrinking (docs/etcd.md).",
                   no_args_is_help=True)
 
 CaOption = Annotated[Optional[Path], typer.Option(envvar="CORRAL_ETCD_CACERT", help="etcd CA certificate.")]

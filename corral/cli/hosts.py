@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cluster_or_exit, err, fail, out
+from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, CorralTyper, cluster_or_exit, err, fail, out
 
 
 def trust(
@@ -53,6 +53,6 @@ def trust(
 
 
 def register(app: typer.Typer) -> None:
-    hosts_app = typer.Typer(help="The on-prem hosts' ssh host keys.", no_args_is_help=True)
+    hosts_app = CorralTyper(help="The on-prem hosts' ssh host keys.", no_args_is_help=True)
     hosts_app.command()(trust)
     app.add_typer(hosts_app, name="hosts")

@@ -8,11 +8,11 @@ import json
 import os
 import shutil
 import subprocess
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 import typer
 
-from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cloud_extra_or_exit, cluster_or_exit, fail, out
+from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, chosen_format, cloud_extra_or_exit, cluster_or_exit, fail, out
 
 # Inputs shown first in the table's summary column when a resource has them:
 # what a reviewer checks (where, how big, how fast, who may connect).
@@ -107,8 +107,11 @@ def _print_table(result) -> None:
 
 def plan(
     name: ClusterArg,
-    output_format: Annotated[Format, typer.Option("--format", "-f", help="table or json.")] = Format.table,
+    output: Annotated[Format, typer.Option("--output", "-o", help="table or json.")] = Format.table,
+    full: Annotated[bool, typer.Option("--full", help="Every resource and its key inputs after the summary.")] = False,
     clusters: ClustersOption = DEFAULT_CLUSTERS,
+    legacy_format: Annotated[Optional[Format], typer.Option(
+        "--format", "-f", hidden=True, help="Old spelling of --output.")] = None,
 ) -> None:
     """Every resource `pulumi up` would register for a cluster, offline (Pulumi mocks, no credentials)."""
     # A short-lived process: no cyclic GC while the cloud SDKs load and the
@@ -122,7 +125,7 @@ def plan(
         result = plan_stack(cluster, clusters)
     except PlanError as err:
         fail(str(err))
-    if output_format is Format.json:
+    if chosen_format(output, legacy_format) is Format.json:
         out.print(result.to_json(), markup=False, end="")
     else:
         _print_table(result)

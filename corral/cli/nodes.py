@@ -11,7 +11,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cluster_or_exit, err, fail, out
+from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, CorralTyper, cluster_or_exit, err, fail, out
 
 STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "bold red", "unreachable": "bold red",
                 "not run": "bold red"}
@@ -181,6 +181,6 @@ def register(app: typer.Typer) -> None:
     hosts.register(app)
     from . import health
 
-    nodes_app = typer.Typer(help="The cluster's nodes: GPU health.", no_args_is_help=True)
+    nodes_app = CorralTyper(help="The cluster's nodes: GPU health.", no_args_is_help=True)
     health.register(nodes_app)
     app.add_typer(nodes_app, name="nodes")

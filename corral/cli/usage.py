@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cluster_or_exit, err, fail, out
+from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, chosen_format, cluster_or_exit, err, fail, out
 
 DEFAULT_PROMETHEUS = "http://127.0.0.1:9090"
 
@@ -46,16 +46,19 @@ def usage(
         help="The cluster's global Prometheus (env CORRAL_PROMETHEUS_URL; default "
              f"{DEFAULT_PROMETHEUS}, after kubectl -n corral-monitoring port-forward svc/prometheus 9090).",
         show_default=False)] = None,
-    output: Annotated[Format, typer.Option("--format", help="table, csv or json (on stdout).")] = Format.table,
+    output: Annotated[Format, typer.Option("--output", "-o", help="table, csv or json (on stdout).")] = Format.table,
     chart: Annotated[Optional[Path], typer.Option(
         help="Also write a PNG bar chart of GPU-hours per team here (needs matplotlib, the chart extra).",
         dir_okay=False)] = None,
+    legacy_format: Annotated[Optional[Format], typer.Option(
+        "--format", hidden=True, help="Old spelling of --output (docs/monitoring.md).")] = None,
 ) -> None:
     """GPU-hours, GPUs requested vs used and reserved-pool occupancy per team (teams from the cluster file)."""
     from corral.usage.prometheus import Prometheus, PrometheusError
     from corral.usage.report import COLUMNS, UsageError, measure, parse_duration, rows, to_csv, to_json
     from corral.usage.report import chart as draw_chart
 
+    output = chosen_format(output, legacy_format)
     cluster = cluster_or_exit(clusters, name)
     url = prometheus or os.environ.get("CORRAL_PROMETHEUS_URL") or DEFAULT_PROMETHEUS
     try:
