@@ -321,9 +321,19 @@ def _parse_taint(value: object) -> object:
 
 
 class Taint(Spec):
-    key: LabelKey
-    value: LabelValue = ""
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+    """A Kubernetes taint a pool's nodes register with; also written `key=value:Effect`."""
+
+    key: LabelKey = Field(
+        description="Taint key, `[prefix/]name` as for labels: a DNS-subdomain prefix of at most 253 characters "
+        "and a name of 1-63 letters, digits, '-', '_' or '.'.",
+    )
+    value: LabelValue = Field(
+        "", description="Taint value, at most 63 letters, digits, '-', '_' or '.'; default empty.",
+    )
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = Field(
+        description="NoSchedule, PreferNoSchedule or NoExecute (which also evicts pods already running that "
+        "do not tolerate it, docs/gpu-health.md).",
+    )
 
     def __str__(self) -> str:
         return f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"
@@ -336,14 +346,28 @@ TaintSpec = Annotated[Taint, BeforeValidator(_parse_taint, json_schema_input_typ
 
 
 class KubernetesSpec(Spec):
-    version: KubernetesVersion
-    pod_cidr: PrivateCidr = Field("10.128.0.0/14", alias="podCIDR")
-    service_cidr: PrivateCidr = Field("10.96.0.0/16", alias="serviceCIDR")
+    """The Kubernetes release every node runs, and the cluster's pod and service networks."""
+
+    version: KubernetesVersion = Field(
+        description='Kubernetes release, a full version in quotes like "1.31.4"; its minor picks the apt '
+        "repository track and the API schemas the manifests are checked against.",
+    )
+    pod_cidr: PrivateCidr = Field(
+        "10.128.0.0/14", alias="podCIDR",
+        description="Pod network (flannel's Network), a private CIDR; every node takes a /24 of it, so it must "
+        "hold the cluster's most nodes. Default 10.128.0.0/14.",
+    )
+    service_cidr: PrivateCidr = Field(
+        "10.96.0.0/16", alias="serviceCIDR",
+        description="Service (ClusterIP) network, a private CIDR; default 10.96.0.0/16.",
+    )
     # The containerd every node runs, as Docker's containerd.io package (the
     # distributions' are too old: corral/model/containerd.py); rules.py checks
     # it against containerd's minimum for `version`.
     containerd: ContainerdVersion = Field(
-        DEFAULT_CONTAINERD, description=f"containerd release (Docker's containerd.io), default {DEFAULT_CONTAINERD}",
+        DEFAULT_CONTAINERD,
+        description=f"containerd release every node runs (Docker's containerd.io), a full version in quotes; at "
+        f"least containerd's minimum for the Kubernetes version (README). Default {DEFAULT_CONTAINERD}.",
     )
 
     @property
@@ -358,15 +382,45 @@ class KubernetesSpec(Spec):
 
 
 class ApiServers(Spec):
-    count: int = Field(3, ge=1, le=9)
-    machine_type: MachineType
+    """The control plane's API server machines."""
+
+    count: int = Field(
+        3, ge=1, le=9,
+        description="Number of API server machines, 1..9; default 3 (OpenAI's largest clusters ran 5, REFERENCE.md).",
+    )
+    machine_type: MachineType = Field(
+        description="Machine type of the API servers in the control plane's cloud (like Standard_D32s_v5, "
+        "m7i.8xlarge), checked against the cloud's naming.",
+    )
 
 
 class EtcdDisk(Spec):
-    type: DiskType | None = None
-    size_gib: int = Field(256, ge=1, alias="sizeGiB")
-    iops: int | None = Field(None, ge=1)
-    throughput_mbps: int | None = Field(None, ge=1, alias="throughputMBps")
+    """Each etcd member's data disk, with provisioned IOPS (limits: corral/model/disks.py, from the vendors' docs)."""
+
+    type: DiskType | None = Field(
+        None,
+        description="Provisioned-IOPS disk type of the control plane's cloud: gp3, io1 or io2 (AWS), PremiumV2_LRS "
+        "or UltraSSD_LRS (Azure), pd-extreme, hyperdisk-extreme or hyperdisk-balanced (GCP). Default: gp3, "
+        "PremiumV2_LRS or hyperdisk-balanced.",
+    )
+    size_gib: int = Field(
+        256, ge=1, alias="sizeGiB",
+        description="Disk size, GiB, within the disk type's range (gp3 up to 16,384, io2 up to 65,536); default 256.",
+    )
+    # Per-GiB limits: AWS EBS docs (ebs-volume-types, provisioned-iops: io2 "IOPS:GiB ratio of 1,000:1"),
+    # Azure disks-types; the figures and links are in corral/model/disks.py.
+    iops: int | None = Field(
+        None, ge=1,
+        description="Provisioned IOPS, within the disk type's range and per-GiB limit (gp3 and Premium SSD v2: "
+        "500 per GiB, io2: 1,000), and at least etcd's floor for the cluster's size (3,000; 5,000 from 500 nodes; "
+        "10,000 from 2,500). Default: that floor, or the type's minimum if higher.",
+    )
+    throughput_mbps: int | None = Field(
+        None, ge=1, alias="throughputMBps",
+        description="Provisioned throughput, MB/s, only for types that take one (gp3, PremiumV2_LRS, UltraSSD_LRS, "
+        "hyperdisk-balanced), within the type's range and MB/s-per-IOPS limit. Default: the cloud's baseline "
+        "(UltraSSD_LRS: 4 KiB writes at the provisioned IOPS).",
+    )
 
 
 class EtcdSnapshots(Spec):
@@ -375,34 +429,73 @@ class EtcdSnapshots(Spec):
     # etcd's guidance is "regularly"; kubeadm users typically take hourly to
     # daily ones. 30 minutes bounds what a restore loses; each snapshot is one
     # read of the whole database from one member (the leader).
-    interval_minutes: int = Field(30, ge=5, le=1440, description="minutes between snapshots, 5..1440")
+    interval_minutes: int = Field(
+        30, ge=5, le=1440,
+        description="Minutes between snapshots, 5..1440; only the etcd leader saves one (docs/etcd.md). Default 30.",
+    )
     # Old snapshots expire by the bucket's lifecycle rule (versions too).
-    retention_days: int = Field(14, ge=1, le=3650, description="days a snapshot is kept, 1..3650")
+    retention_days: int = Field(
+        14, ge=1, le=3650,
+        description="Days a snapshot (old versions too) is kept before the bucket's lifecycle rule deletes it, "
+        "1..3650; default 14.",
+    )
 
 
 class Etcd(Spec):
+    """The control plane's dedicated etcd members (docs/etcd.md)."""
+
     # Odd, 3..7: rules.py says why; the bound here only keeps absurd values
     # from reaching the layout.
-    members: int = Field(5, ge=1, le=99, description="odd, 3..7")
-    machine_type: MachineType
-    disk: EtcdDisk = EtcdDisk()
+    members: int = Field(
+        5, ge=1, le=99,
+        description="Number of etcd members: odd, 3..7 (etcd's guidance; an even count adds no fault tolerance). "
+        "Default 5.",
+    )
+    machine_type: MachineType = Field(
+        description="Machine type of the etcd members in the control plane's cloud; on GCP its series must be "
+        "able to attach the disk type.",
+    )
+    disk: EtcdDisk = Field(EtcdDisk(), description="Each member's data disk, with provisioned IOPS.")
     # OpenAI's large clusters kept events in their own etcd cluster, so event
     # churn cannot slow down writes of everything else. Off unless the file
     # says so: a default that followed the node count would add or remove a
     # whole etcd cluster when a pool is resized.
-    dedicated_events_cluster: bool = False
+    dedicated_events_cluster: bool = Field(
+        False,
+        description="Keep Kubernetes events in an etcd cluster of their own (--etcd-servers-overrides=/events#...), "
+        "so event churn cannot slow other writes (REFERENCE.md, OpenAI's large clusters). Default false.",
+    )
     # etcd's default quota is 2 GiB; large clusters raise it (8 GiB suggested max).
-    quota_backend_gib: int = Field(8, ge=2, le=8, alias="quotaBackendGiB")
-    snapshots: EtcdSnapshots = EtcdSnapshots()
+    quota_backend_gib: int = Field(
+        8, ge=2, le=8, alias="quotaBackendGiB",
+        description="etcd's --quota-backend-bytes, GiB, 2..8: etcd's default is 2 GiB, 8 GiB its suggested "
+        "maximum (docs/scale.md). Default 8.",
+    )
+    snapshots: EtcdSnapshots = Field(
+        EtcdSnapshots(), description="How often the etcd leader snapshots to object storage, and for how long.",
+    )
 
 
 class ControlPlane(Spec):
-    cloud: Cloud
-    region: Region
-    zones: list[Zone] = Field(min_length=1)
-    network_cidr: PrivateCidr = Field(alias="networkCIDR")
-    api_servers: ApiServers
-    etcd: Etcd
+    """Where the control plane runs: one cloud region, its API servers and etcd."""
+
+    cloud: Cloud = Field(description="Cloud of the control plane: azure, aws or gcp; cloud pools use the same one.")
+    region: Region = Field(
+        description="Region of the control plane and the cloud pools (like eastus2, us-west-2), one the cloud "
+        "has, with availability zones on Azure.",
+    )
+    zones: list[Zone] = Field(
+        min_length=1,
+        description='Zones the control plane spreads over (like "1", us-west-2a): 1 to 3, no repeats, in the '
+        "region; cloud pools' default zones.",
+    )
+    network_cidr: PrivateCidr = Field(
+        alias="networkCIDR",
+        description="The cluster's cloud network (VPC or VNet), a private CIDR overlapping no other cloud or site "
+        "network of the fleet (docs/fleet.md); its node subnets must hold the cloud pools' maxSize.",
+    )
+    api_servers: ApiServers = Field(description="The API server machines.")
+    etcd: Etcd = Field(description="The dedicated etcd members.")
 
 
 # --- How corral's controller reaches on-prem hosts (docs/onprem-hosts.md) -----
@@ -422,18 +515,26 @@ KeyFile = strict_text(r"[A-Za-z0-9_~./+][A-Za-z0-9_~./+-]*\Z",
 class JumpHost(Spec):
     """A bastion the controller's ssh connects through (`ssh -W`), itself host-key checked."""
 
-    host: HostOrAddress
-    user: SshUser | None = Field(None, description="default: the hosts' ssh user")
-    port: int = Field(22, ge=1, le=65_535)
+    host: HostOrAddress = Field(description="The bastion's DNS name or IP address (one host, not a range).")
+    user: SshUser | None = Field(None, description="ssh user on the bastion; default: the hosts' ssh user.")
+    port: int = Field(22, ge=1, le=65_535, description="ssh port of the bastion, 1..65535; default 22.")
 
 
 class Ssh(Spec):
     """ssh settings for a site's hosts; a pool's `ssh` overrides them key by key."""
 
-    user: SshUser | None = Field(None, description="default: Ansible's remote user (the operator's own)")
-    port: int | None = Field(None, ge=1, le=65_535, description="default: 22")
-    private_key_file: KeyFile | None = Field(None, description="path on the controller; default: ssh's own")
-    jump_host: JumpHost | None = None
+    user: SshUser | None = Field(
+        None,
+        description="ssh user on the hosts (lower-case, at most 32 characters); default: Ansible's remote user "
+        "(the operator's own).",
+    )
+    port: int | None = Field(None, ge=1, le=65_535, description="ssh port of the hosts, 1..65535; default 22.")
+    private_key_file: KeyFile | None = Field(
+        None, description="Path to the private key on the controller, never the key itself; default: ssh's own.",
+    )
+    jump_host: JumpHost | None = Field(
+        None, description="Bastion the controller's ssh connects through (ssh -W); unset: connect directly.",
+    )
 
     def over(self, defaults: Ssh) -> Ssh:
         """These settings, with what they leave out taken from `defaults`."""
@@ -442,39 +543,87 @@ class Ssh(Spec):
 
 
 class Vpn(Spec):
-    peer_address: ipaddress.IPv4Address
-    bgp_asn: int = Field(ge=1, le=4_294_967_295, alias="bgpASN")
+    """The site-to-site VPN that joins a site to the cluster's cloud network."""
+
+    peer_address: ipaddress.IPv4Address = Field(description="Public IPv4 address of the site's VPN gateway.")
+    bgp_asn: int = Field(
+        ge=1, le=4_294_967_295, alias="bgpASN",
+        description="BGP AS number of the site's router, 1..4294967295.",
+    )
 
 
 class Site(Spec):
-    name: Name
-    cidrs: list[Cidr] = Field(min_length=1)
+    """A data centre whose hosts join the cluster (docs/onprem-hosts.md)."""
+
+    name: Name = Field(
+        description="Site name (lower-case letters, digits and '-', at most 40 characters); pools name it, and "
+        "its nodes are labelled corral.dev/site and corral.dev/location onprem-<name>.",
+    )
+    cidrs: list[Cidr] = Field(
+        min_length=1,
+        description="The site's networks, at least one: private unless allowPublicCIDRs, and overlapping no "
+        "other site's or any cloud network of the fleet (the same site may be in several clusters, docs/fleet.md).",
+    )
     # Site networks must be private (see PRIVATE_NETWORKS) unless this says
     # the site really routes public address space of its own.
     allow_public_cidrs: bool = Field(
         False, alias="allowPublicCIDRs",
-        description="Allow site CIDRs outside the private ranges (RFC 1918, 100.64.0.0/10, fc00::/7).",
+        description="Allow site CIDRs outside the private ranges (RFC 1918, 100.64.0.0/10, fc00::/7); "
+        "default false.",
     )
-    vpn: Vpn | None = None
+    vpn: Vpn | None = Field(
+        None,
+        description="The VPN to the cloud network; pod traffic crosses its tunnel, which limits the pod MTU. "
+        "Unset: no VPN.",
+    )
     # Air-gapped data centres: base URL of the site's package mirror, and/or a
     # proxy the nodes use for apt.
-    apt_mirror: MirrorUrl | None = None
-    http_proxy: ProxyUrl | None = None
+    apt_mirror: MirrorUrl | None = Field(
+        None,
+        description="Base URL of the site's package mirror, for air-gapped data centres (http(s), no "
+        "credentials or query); unset: the public repositories.",
+    )
+    http_proxy: ProxyUrl | None = Field(
+        None, description="Proxy the site's nodes use for apt (http(s) host and port, no credentials); unset: none.",
+    )
     # How the controller reaches the site's hosts (pools may override).
-    ssh: Ssh = Ssh()
+    ssh: Ssh = Field(
+        Ssh(), description="How the controller reaches the site's hosts; a pool's ssh overrides it key by key.",
+    )
 
 
 class Flannel(Spec):
-    backend: Literal["vxlan", "host-gw", "wireguard", "ipip"] = "vxlan"
-    direct_routing: bool = True
+    """The pod network: flannel (docs/addons.md, flannel)."""
+
+    backend: Literal["vxlan", "host-gw", "wireguard", "ipip"] = Field(
+        "vxlan",
+        description="flannel backend; default vxlan. host-gw is refused: it sends pod traffic unencapsulated, "
+        "which cloud networks drop (docs/addons.md).",
+    )
+    # flannel's Documentation/backends.md (VXLAN): DirectRouting routes to hosts
+    # on the same subnet, VNI "On Linux, defaults to 1", Port "defaults to
+    # kernel default, currently 8472".
+    direct_routing: bool = Field(
+        True,
+        description="vxlan only: plain routes to peers on the same subnet, VXLAN to others (flannel docs, "
+        "backends); applies to on-prem nodes, cloud nodes always encapsulate. Default true.",
+    )
     # Pod interface MTU on every node (docs/addons.md, flannel MTU); unset:
     # 1450, or less where the cluster's paths carry less (mtu.py).
     mtu: int | None = Field(
         None, ge=1280, le=9000,
-        description=f"pod MTU; default {DEFAULT_FLANNEL_MTU}, or the most the cloud NICs and site VPNs carry if less",
+        description=f"Pod interface MTU, 1280..9000; default {DEFAULT_FLANNEL_MTU}, or the most the cloud NICs "
+        "and site VPNs carry if less (docs/addons.md).",
     )
-    vni: int = Field(1, ge=1, le=16_777_215)
-    port: int = Field(8472, ge=1, le=65_535)
+    vni: int = Field(
+        1, ge=1, le=16_777_215,
+        description="VXLAN identifier, 1..16777215; default 1, flannel's own on Linux (flannel docs, backends).",
+    )
+    port: int = Field(
+        8472, ge=1, le=65_535,
+        description="UDP port of VXLAN packets, which VPNs and firewalls must pass; default 8472, the Linux "
+        "kernel's (flannel docs, backends).",
+    )
 
 
 # The kubelet's default maxPods (KubeletConfiguration reference, maxPods: 110).
@@ -482,9 +631,23 @@ PODS_PER_NODE = 110
 
 
 class ArpCache(Spec):
-    gc_thresh1: int = Field(ge=1)
-    gc_thresh2: int = Field(ge=1)
-    gc_thresh3: int = Field(ge=1)
+    """Every node's neighbour (ARP) table sizes: net.ipv4.neigh.default.gc_thresh1..3 (kernel ip-sysctl.rst)."""
+
+    gc_thresh1: int = Field(
+        ge=1,
+        description="Entries the kernel never purges, stale ones included; below gcThresh2 and at most twice a "
+        "node's working set (nodes plus 110 pods). Default: the working set, rounded up to a power of two.",
+    )
+    gc_thresh2: int = Field(
+        ge=1,
+        description="Table size above which garbage collection turns aggressive; between gcThresh1 and "
+        "gcThresh3. Default: 90% of gcThresh3.",
+    )
+    gc_thresh3: int = Field(
+        ge=1,
+        description="Hard limit of the table; above gcThresh2. Default: 16 entries per node, 8,192 to 100,000 "
+        "(OpenAI's 7,500-node figure, REFERENCE.md).",
+    )
 
     @staticmethod
     def working_set(node_capacity: int) -> int:
@@ -514,28 +677,68 @@ class ArpCache(Spec):
 
 
 class Network(Spec):
-    flannel: Flannel = Flannel()
-    arp_cache: ArpCache | None = None
+    """The pod network and every node's neighbour table."""
+
+    flannel: Flannel = Field(Flannel(), description="The pod network (flannel).")
+    arp_cache: ArpCache | None = Field(
+        None, description="Neighbour table sizes; unset: sized for the cluster's node count (`corral show`).",
+    )
 
 
 class Team(Spec):
-    name: Name
-    namespaces: list[Name] = Field(min_length=1)
-    reserved_pools: list[Name] = []
+    """A team: its namespaces and the pools reserved for it."""
+
+    name: Name = Field(
+        description="Team name; its reserved pools' nodes are labelled and tainted corral.dev/team=<name>.",
+    )
+    namespaces: list[Name] = Field(
+        min_length=1,
+        description="The team's namespaces, at least one, none another team's; each gets Pod Security labels and "
+        "the tolerations of the team's pools (PodTolerationRestriction).",
+    )
+    reserved_pools: list[Name] = Field(
+        [],
+        description="Pools only this team's pods may use (tainted corral.dev/team=<name>:NoSchedule); a pool is "
+        "reserved by one team at most. Default none.",
+    )
 
 
 class Scheduling(Spec):
-    bin_packing: bool = True
+    """How the scheduler places pods (docs/addons.md, scheduling)."""
+
+    bin_packing: bool = Field(
+        True,
+        description="Pack pods onto as few machines as possible (NodeResourcesFit MostAllocated, weighted for "
+        "cpu, memory and nvidia.com/gpu), so idle cloud machines can scale in. Default true.",
+    )
     # Gang scheduling of MPI jobs with scheduler-plugins' Coscheduling.
-    coscheduling: bool = False
-    teams: list[Team] = []
+    coscheduling: bool = Field(
+        False,
+        description="Gang scheduling of MPI jobs with scheduler-plugins' Coscheduling (PodGroup CRD); default false.",
+    )
+    teams: list[Team] = Field([], description="Teams, their namespaces and reserved pools; default none.")
 
 
 class Gpu(Spec):
-    model: GpuModel
-    count: int = Field(ge=1, le=16)
-    driver: DriverVersion | None = None
-    fabric_manager: bool = False
+    """The GPUs of each machine of a pool (docs/gpu-machines.md)."""
+
+    model: GpuModel = Field(
+        description="GPU model from corral's catalog; the corral.dev/gpu-model node label, checked against cloud "
+        "machine types.",
+    )
+    count: int = Field(
+        ge=1, le=16, description="GPUs per machine, 1..16; a cloud machine type brings all of its GPUs.",
+    )
+    driver: DriverVersion | None = Field(
+        None,
+        description='NVIDIA driver version in quotes (like "550.127.05"), from NVIDIA\'s CUDA apt repository; '
+        "required for on-prem GPU pools.",
+    )
+    fabric_manager: bool = Field(
+        False,
+        description="Install nvidia-fabricmanager (the driver's version), which NVSwitch systems (HGX, DGX) need; "
+        "must fit the machine. Default false.",
+    )
 
 
 # The extended resource the shared RDMA device plugin advertises for a RoCE
@@ -552,17 +755,33 @@ DEFAULT_RDMA_RESOURCE = "rdma/roce"
 
 
 class Roce(Spec):
-    interfaces: list[InterfaceName] = Field(min_length=1)
-    mtu: int = Field(9000, ge=1280, le=9216)
-    pfc_priority: int = Field(3, ge=0, le=7)
-    dscp: int = Field(26, ge=0, le=63)
-    ecn: bool = True
+    """RoCE v2 host QoS of a pool's RDMA NICs (REFERENCE.md, from NVIDIA's and iproute2's docs)."""
+
+    interfaces: list[InterfaceName] = Field(
+        min_length=1, description="RDMA network interfaces (like ens1f0np0, at most 15 characters), at least one.",
+    )
+    mtu: int = Field(
+        9000, ge=1280, le=9216,
+        description="Ethernet MTU of the RoCE interfaces, 1280..9216; default 9000 (with RDMA MTU 4096).",
+    )
+    pfc_priority: int = Field(
+        3, ge=0, le=7, description="Priority made lossless with PFC, 0..7; default 3.",
+    )
+    dscp: int = Field(
+        26, ge=0, le=63, description="DSCP of RoCE traffic, mapped to the PFC priority, 0..63; default 26.",
+    )
+    ecn: bool = Field(
+        True,
+        description="ECN (DCQCN) on the lossless priority; default true. Traffic class: DSCP << 2, plus 2 with ECN "
+        "(106 by default), what NCCL_IB_TC must be.",
+    )
     # What a pod requests (`rdma/roce: 1`) to open the pool's HCAs
     # (docs/addons.md, "RDMA for pods"). Pools that share one resource share
     # its traffic class (rules.py), which the admission policy holds pods to.
     rdma_resource: RdmaResource = Field(
         DEFAULT_RDMA_RESOURCE,
-        description=f"extended resource of the pool's HCAs (shared RDMA device plugin), default {DEFAULT_RDMA_RESOURCE}",
+        description=f"Extended resource a pod requests to open the pool's HCAs (shared RDMA device plugin, "
+        f"docs/addons.md); pools sharing one share the traffic class. Default {DEFAULT_RDMA_RESOURCE}.",
     )
 
     @property
@@ -586,19 +805,38 @@ DEFAULT_DEGRADED_XIDS = (61, 63, 92, 94)
 
 
 class Preflight(Spec):
-    # GPU pools' nodes register with corral.dev/preflight=pending:NoSchedule
-    # and run the node check (GPUs, ECC, fabric manager, burn, RoCE links).
-    enabled: bool = True
-    # `dcgmi diag -r 1` when DCGM is installed (about a minute); skipped with
-    # a note where it is not.
-    burn: bool = True
-    # Expected RDMA link rate of RoCE interfaces, Gb/s; unset: only ACTIVE and MTU are checked.
-    roce_link_gbps: int | None = Field(None, ge=1, le=3200, alias="roceLinkGbps")
+    """The node check a new GPU node passes before it takes work (docs/gpu-health.md)."""
+
+    enabled: bool = Field(
+        True,
+        description="GPU pools' nodes register behind corral.dev/preflight=pending:NoSchedule, removed once the "
+        "node check (GPUs, ECC, fabric manager, burn, RoCE links) passes. Default true.",
+    )
+    burn: bool = Field(
+        True,
+        description="Run `dcgmi diag -r 1` (about a minute) where DCGM is installed, skipped with a note where "
+        "not; default true.",
+    )
+    roce_link_gbps: int | None = Field(
+        None, ge=1, le=3200, alias="roceLinkGbps",
+        description="Expected RDMA link rate of the RoCE interfaces, Gb/s, 1..3200; unset: only ACTIVE and MTU "
+        "are checked.",
+    )
 
 
 class XidPolicy(Spec):
-    fatal: list[int] = Field(default_factory=lambda: list(DEFAULT_FATAL_XIDS))
-    degraded: list[int] = Field(default_factory=lambda: list(DEFAULT_DEGRADED_XIDS))
+    """Which NVIDIA Xid errors taint a node, and how (docs/gpu-health.md, Xid classes)."""
+
+    fatal: list[int] = Field(
+        default_factory=lambda: list(DEFAULT_FATAL_XIDS),
+        description="Xid codes (1..999) that need a GPU reset or power cycle: the node is tainted NoExecute "
+        "(NoSchedule without evictOnFatal). Default: NVIDIA's Xid catalog.",
+    )
+    degraded: list[int] = Field(
+        default_factory=lambda: list(DEFAULT_DEGRADED_XIDS),
+        description="Xid codes (1..999) after which jobs may go on but no new work lands until a reset "
+        "(NoSchedule); none also fatal. Default: NVIDIA's Xid catalog.",
+    )
 
     @model_validator(mode="after")
     def _disjoint(self) -> XidPolicy:
@@ -611,85 +849,154 @@ class XidPolicy(Spec):
 
 
 class Remediation(Spec):
+    """What `corral nodes health --remediate` does to unhealthy nodes, within a budget (docs/gpu-health.md)."""
+
     # What `corral nodes health --remediate` does to an unhealthy node:
     # on-prem, reboot it and re-run the preflight (Ansible); cloud, delete
     # the instance so its group replaces it. `none`: only report.
-    onprem: Literal["reboot", "none"] = "reboot"
-    cloud: Literal["replace", "none"] = "replace"
+    onprem: Literal["reboot", "none"] = Field(
+        "reboot",
+        description="On-prem: reboot (drain, reboot, preflight again, with Ansible) or none (only report); "
+        "default reboot.",
+    )
+    cloud: Literal["replace", "none"] = Field(
+        "replace",
+        description="Cloud: replace (delete the instance so its group replaces it) or none (only report); "
+        "default replace.",
+    )
     # Never more than this share of a pool's nodes out at once (at least one node).
-    max_unavailable_percent: int = Field(10, ge=1, le=100)
+    max_unavailable_percent: int = Field(
+        10, ge=1, le=100,
+        description="Most of a pool's nodes out at once, percent, 1..100 (at least one node); default 10.",
+    )
     # Failure budget: a run stops once this many nodes did not come back
     # healthy (drain refused, no reboot, preflight failed, instance not
     # deleted); the rest are held for a person. Something systematic (a bad
     # driver, a PDB) must not cycle through the whole pool.
-    max_failed_nodes: int = Field(1, ge=1, le=1000)
+    max_failed_nodes: int = Field(
+        1, ge=1, le=1000,
+        description="A run stops once this many nodes did not come back healthy, 1..1000; the rest are held for "
+        "a person. Default 1.",
+    )
 
 
 class ActiveChecks(Spec):
+    """Periodic checks of idle GPU nodes (docs/gpu-health.md)."""
+
     # On idle GPU nodes (no pod holds a GPU), every intervalHours: a DCGM
     # diagnostic (`dcgmi diag -r dcgmLevel`) and, where nccl-tests is
     # installed on the host, a one-node all_reduce_perf. A failure taints the
     # node corral.dev/unhealthy (NoSchedule) until a reboot and preflight.
-    enabled: bool = True
-    interval_hours: int = Field(24, ge=1, le=720)
-    dcgm_level: Literal[1, 2, 3] = 2
-    # Minimum all_reduce_perf bus bandwidth, GB/s; unset: only a failed run counts.
-    nccl_min_bus_gbps: float | None = Field(None, gt=0, le=10_000, alias="ncclMinBusGBps")
+    enabled: bool = Field(
+        True,
+        description="On idle GPU nodes, a DCGM diagnostic and (where nccl-tests is installed) a one-node "
+        "all_reduce_perf; a failure taints the node corral.dev/unhealthy. Default true.",
+    )
+    interval_hours: int = Field(24, ge=1, le=720, description="Hours between a node's checks, 1..720; default 24.")
+    dcgm_level: Literal[1, 2, 3] = Field(
+        2, description="`dcgmi diag -r` level, 1, 2 or 3; default 2 (about two minutes).",
+    )
+    nccl_min_bus_gbps: float | None = Field(
+        None, gt=0, le=10_000, alias="ncclMinBusGBps",
+        description="Minimum all_reduce_perf bus bandwidth, GB/s, up to 10,000; unset: only a failed run counts.",
+    )
 
 
 class Health(Spec):
-    preflight: Preflight = Preflight()
-    active: ActiveChecks = ActiveChecks()
-    xid: XidPolicy = XidPolicy()
-    # Fatal faults evict pods (NoExecute); false: NoSchedule for every fault.
-    evict_on_fatal: bool = True
-    remediation: Remediation = Remediation()
+    """GPU node health: preflight, active checks, Xid policy and remediation (docs/gpu-health.md)."""
+
+    preflight: Preflight = Field(Preflight(), description="The node check new GPU nodes pass before taking work.")
+    active: ActiveChecks = Field(ActiveChecks(), description="Periodic checks of idle GPU nodes.")
+    xid: XidPolicy = Field(XidPolicy(), description="Which Xid errors are fatal and which degraded.")
+    evict_on_fatal: bool = Field(
+        True, description="Fatal faults evict pods (NoExecute); false: NoSchedule for every fault. Default true.",
+    )
+    remediation: Remediation = Field(
+        Remediation(), description="What `corral nodes health --remediate` does, and its budget.",
+    )
 
 
 class SecretReference(Spec):
     """A key of a Secret in the monitoring namespace, created by an admin (never by corral)."""
 
-    name: Name
-    key: SecretKey
+    name: Name = Field(description="Name of the Secret in the corral-monitoring namespace.")
+    key: SecretKey = Field(description="Key of the Secret that holds the value.")
 
 
 class RemoteWrite(Spec):
-    url: RemoteWriteUrl
-    # Bearer token for the receiver; mounted into Prometheus, never in a manifest or plan.
-    secret: SecretReference | None = None
+    """Where every Prometheus remote-writes its samples (docs/monitoring.md)."""
+
+    url: RemoteWriteUrl = Field(
+        description="Receiver URL: http(s), a host, an optional port and a plain path; no credentials or query.",
+    )
+    secret: SecretReference | None = Field(
+        None,
+        description="Bearer token for the receiver, mounted into Prometheus, never in a manifest or plan; "
+        "unset: no token.",
+    )
 
 
 class Monitoring(Spec):
     """The monitoring add-on (docs/monitoring.md): how long Prometheus keeps data and where."""
 
-    retention_days: int = Field(15, ge=1, le=400)
-    # PersistentVolumes' storage class; unset: the cluster's default class.
-    storage_class: Name | None = None
-    # Prometheus shards, each scraping its share of the nodes; unset: one per
-    # 1,000 nodes of the cluster's capacity (corral/manifests/monitoring.py).
-    shards: int | None = Field(None, ge=1, le=64)
-    remote_write: RemoteWrite | None = None
+    retention_days: int = Field(
+        15, ge=1, le=400,
+        description="Days Prometheus keeps data (--storage.tsdb.retention.time; its volume is sized from it), "
+        "1..400; default 15.",
+    )
+    storage_class: Name | None = Field(
+        None, description="Storage class of Prometheus' PersistentVolumes; unset: the cluster's default class.",
+    )
+    # corral/manifests/monitoring.py sizes the default.
+    shards: int | None = Field(
+        None, ge=1, le=64,
+        description="Prometheus shards, each scraping its share of the nodes, 1..64; unset: one per 1,000 nodes "
+        "of the cluster's capacity.",
+    )
+    remote_write: RemoteWrite | None = Field(
+        None, description="Remote write of every Prometheus' samples; unset: none.",
+    )
 
 
 class PoolBase(Spec):
-    name: Name
-    gpu: Gpu | None = None
-    labels: dict[LabelKey, LabelValue] = {}
-    taints: list[TaintSpec] = []
+    name: Name = Field(description="Pool name, unique in the cluster; the corral.dev/pool node label.")
+    gpu: Gpu | None = Field(
+        None,
+        description="The machines' GPUs; unset on a cloud pool of a GPU machine type: the machine's "
+        "(docs/gpu-machines.md).",
+    )
+    labels: dict[LabelKey, LabelValue] = Field(
+        {},
+        description="More node labels; not the corral.dev/ labels corral sets, nor nvidia.com/ ones on a pool "
+        "without gpu. Default none.",
+    )
+    taints: list[TaintSpec] = Field(
+        [],
+        description="More node taints, as {key, value, effect} or `key=value:Effect`; corral adds the team, GPU "
+        "and preflight taints. Default none.",
+    )
 
 
 class OnPremPool(PoolBase):
-    provider: Literal["onprem"]
-    site: Name
-    hosts: list[HostPattern] = Field(min_length=1)
+    """Hosts of a site that join the cluster with `corral join` (Ansible)."""
+
+    provider: Literal["onprem"] = Field(description="onprem: the pool's hosts are in one of the cluster's sites.")
+    site: Name = Field(description="Name of the site (sites[].name) the hosts are in.")
+    hosts: list[HostPattern] = Field(
+        min_length=1,
+        description="Host names, with Ansible-style ranges (gpu-[001:064].sf1.internal is 64 hosts), at least "
+        "one; a host is in one pool only.",
+    )
     # Addresses for hosts without DNS: entry j gives the addresses of hosts
     # entry j, in the same range syntax and count (`10.50.1.[11:74]` beside
     # `gpu-[001:064].sf1.internal`); a null entry: those hosts by name.
     addresses: list[AddressPattern | None] | None = Field(
-        None, description="one per hosts entry: its hosts' IP addresses (same count), or null to use names",
+        None,
+        description="One per hosts entry: its hosts' IP addresses in the same range syntax and count, or null "
+        "to reach those hosts by name; unset: every host by name.",
     )
-    ssh: Ssh | None = Field(None, description="overrides the site's ssh settings key by key")
-    roce: Roce | None = None
+    ssh: Ssh | None = Field(None, description="Overrides the site's ssh settings key by key; unset: the site's.")
+    roce: Roce | None = Field(None, description="RoCE v2 host QoS of the hosts' RDMA NICs; unset: no RoCE.")
 
     @cached_property
     def host_names(self) -> list[str]:
@@ -714,13 +1021,26 @@ class OnPremPool(PoolBase):
 
 
 class CloudPool(PoolBase):
-    provider: Cloud
-    machine_type: MachineType
-    zones: list[Zone] | None = None  # default: the control plane's zones
-    min_size: int = Field(0, ge=0)
-    max_size: int = Field(ge=0, le=100_000)
-    disk_size_gib: int = Field(200, ge=30, le=4096, alias="diskSizeGiB")
-    spot: bool = False
+    """An autoscaled group of cloud machines (ASG, VMSS or MIG) in the control plane's region (docs/cloud-nodes.md)."""
+
+    provider: Cloud = Field(description="Cloud of the pool: the control plane's.")
+    machine_type: MachineType = Field(
+        description="Machine type (like Standard_D64s_v5, m7i.8xlarge), checked against the cloud's naming; a "
+        "GPU machine type brings its GPUs (docs/gpu-machines.md).",
+    )
+    zones: list[Zone] | None = Field(None, description="Zones the pool spreads over; default: the control plane's.")
+    min_size: int = Field(
+        0, ge=0,
+        description="Fewest machines, at most maxSize; 0 lets the autoscaler scale the pool to zero. Default 0.",
+    )
+    max_size: int = Field(
+        ge=0, le=100_000,
+        description="Most machines the autoscaler may run, 0..100000; counts toward the cluster's node capacity.",
+    )
+    disk_size_gib: int = Field(
+        200, ge=30, le=4096, alias="diskSizeGiB", description="Each machine's root disk, GiB, 30..4096; default 200.",
+    )
+    spot: bool = Field(False, description="Spot (preemptible) machines; default false.")
 
     @property
     def capacity(self) -> int:
@@ -731,18 +1051,29 @@ NodePool = Annotated[Union[OnPremPool, CloudPool], Field(discriminator="provider
 
 
 class Cluster(Spec):
-    api_version: Literal["corral.dev/v1"] = Field(alias="apiVersion")
-    kind: Literal["Cluster"]
-    name: Name
-    description: Description = ""
-    kubernetes: KubernetesSpec
-    control_plane: ControlPlane
-    sites: list[Site] = []
-    network: Network = Network()
-    scheduling: Scheduling = Scheduling()
-    node_pools: list[NodePool] = []
-    health: Health = Health()
-    monitoring: Monitoring = Monitoring()
+    """One cluster: clusters/<name>.yaml (README, the cluster file)."""
+
+    api_version: Literal["corral.dev/v1"] = Field(alias="apiVersion", description="Always corral.dev/v1.")
+    kind: Literal["Cluster"] = Field(description="Always Cluster.")
+    name: Name = Field(
+        description="Cluster name (lower-case letters, digits and '-', at most 40 characters); the "
+        "corral.dev/cluster node label.",
+    )
+    description: Description = Field(
+        "",
+        description="One line for people, at most 300 characters, without control characters, '{', '}', '$', "
+        "'`', '\\', '<' or '>'; default empty.",
+    )
+    kubernetes: KubernetesSpec = Field(description="Kubernetes release and the pod and service networks.")
+    control_plane: ControlPlane = Field(description="Cloud, region, API servers and etcd of the control plane.")
+    sites: list[Site] = Field([], description="Data centres whose hosts join the cluster; default none.")
+    network: Network = Field(Network(), description="The pod network and the nodes' neighbour tables.")
+    scheduling: Scheduling = Field(Scheduling(), description="Bin packing, gang scheduling and teams.")
+    node_pools: list[NodePool] = Field(
+        [], description="Groups of nodes: on-prem hosts or autoscaled cloud machines; default none.",
+    )
+    health: Health = Field(Health(), description="GPU node health checks and remediation.")
+    monitoring: Monitoring = Field(Monitoring(), description="The monitoring add-on (Prometheus).")
     # The file this cluster was read from (set by the loader; None when built in code).
     _source_file: Path | None = PrivateAttr(None)
 
