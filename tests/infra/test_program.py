@@ -223,7 +223,7 @@ def test_plan_records_parent_protect_and_retain_from_the_wire(fake_plan):
 
 def test_corral_plan_table_groups_by_component():
     result = subprocess.run(
-        [sys.executable, "-m", "corral", "plan", "heron", "--clusters", str(EXAMPLES)],
+        [sys.executable, "-m", "corral", "plan", "heron", "--full", "--clusters", str(EXAMPLES)],
         cwd=ROOT, capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"},
     )
     assert result.returncode == 0, result.stderr
