@@ -5,7 +5,7 @@ from typing import Annotated
 import typer
 
 from . import certs, diff, doctor, edit, etcd, fleet, infra, manifests, nodes, upgrade, usage
-from .common import CorralTyper, out
+from .common import CorralTyper, out, plain_warnings
 
 # add_completion gives --install-completion/--show-completion (typer's shell
 # completion, https://typer.tiangolo.com/tutorial/options-autocompletion/).
@@ -39,6 +39,7 @@ def _root(
         "--version", help="Print corral's version and exit.", callback=_print_version, is_eager=True)] = False,
 ) -> None:
     """GPU Kubernetes clusters across Azure, AWS, GCP and your own data centres."""
+    plain_warnings()
 
 
 fleet.register(app)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -203,3 +204,24 @@ def example_lines(epilog: str | None) -> list[str]:
 def chosen_format(output, legacy_format):
     """`-o/--output`, or the hidden `--format` that shipped workflows and docs still spell."""
     return legacy_format if legacy_format is not None else output
+
+
+# The cloud provider SDKs deprecate their own resource classes when they are
+# imported (pulumi_aws/ec2/encryption_control.py:517: "EncryptionControl has
+# been deprecated in favor of VpcEncryptionControl"): nothing a corral user can
+# act on, so they stay silent even under PYTHONWARNINGS=default or -X dev.
+PROVIDER_SDK_MODULES = r"pulumi_(aws|azure_native|gcp|tls|random|kubernetes|command)(\.|$)"
+
+
+def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning as one line, `warning: ...`, never the source file and line it was raised at."""
+    err.print(f"[yellow]warning:[/] {escape(str(message))}")
+
+
+def plain_warnings() -> None:
+    """Warnings are one line a user can read; provider SDK deprecations are not shown."""
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module=PROVIDER_SDK_MODULES)
+    # The Pulumi mock runtime leaves its event loop to the garbage collector,
+    # which reports it at exit (asyncio/base_events.py:692), past showwarning.
+    warnings.filterwarnings("ignore", category=ResourceWarning, message="unclosed event loop")
+    warnings.showwarning = _warning_line

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
@@ -100,9 +101,51 @@ def _print_table(result) -> None:
     out.print(f"outputs of stack {result.cluster}:", markup=False)
     for key, value in result.outputs.items():
         out.print(f"  {key}: {_short(value)}", markup=False)
-    for message in result.diagnostics:
-        out.print(Text(message, style="yellow"))
     out.print(f"{len(result.resources)} resources ({result.cloud}), from the same program `pulumi up -s {result.cluster}` runs")
+
+
+def _dangers_against(previous_file: Path, resources: list[dict[str, Any]]) -> list[str]:
+    """The replacements and deletions `corral diff` calls dangerous (etcd members, disks, VPN gateways,
+    networks, the PKI), between a saved `corral plan -o json` and this plan."""
+    from corral.diff.resources import classify
+
+    try:
+        previous = json.loads(previous_file.read_text())
+    except (OSError, UnicodeDecodeError) as error:
+        fail(f"--against {previous_file}: cannot read it ({error})")
+    except json.JSONDecodeError as error:
+        fail(f"--against {previous_file}:{error.lineno}: not JSON ({error.msg}); "
+             "save one with `corral plan CLUSTER -o json > FILE`")
+    if not isinstance(previous, list) or not all(isinstance(r, dict) and "type" in r and "name" in r
+                                                 for r in previous):
+        fail(f"--against {previous_file}: not a `corral plan -o json` listing (a list of resources "
+             "with type and name); save one with `corral plan CLUSTER -o json > FILE`")
+    return [f"{change.action} {change.type} {change.name}: {change.danger}"
+            for change in classify(previous, resources) if change.danger]
+
+
+def _print_summary(result, dangers: list[str] | None) -> None:
+    """What a reviewer reads first: how much, per component; the warnings; what would be lost."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=f"{result.cluster} ({result.cloud}): {len(result.resources)} resources",
+                  title_justify="left", expand=False)
+    table.add_column("component")
+    table.add_column("resources", justify="right")
+    for component, resources in result.components().items():
+        table.add_row(Text(component), str(len(resources)))
+    out.print(table)
+    out.print(f"warnings: {len(result.diagnostics) or 'none'}", markup=False)
+    for message in result.diagnostics:
+        out.print(Text(f"  {message}", style="yellow"))
+    if dangers is None:
+        out.print("dangerous changes: not compared (pass --against a saved `corral plan -o json`, "
+                  "or run `corral diff`)", markup=False)
+    else:
+        out.print(f"dangerous changes: {len(dangers) or 'none'}", markup=False)
+        for line in dangers:
+            out.print(Text(f"  {line}", style="bold red"))
 
 
 def plan(
@@ -112,6 +155,9 @@ def plan(
     clusters: ClustersOption = DEFAULT_CLUSTERS,
     legacy_format: Annotated[Optional[Format], typer.Option(
         "--format", "-f", hidden=True, help="Old spelling of --output.")] = None,
+    against: Annotated[Optional[Path], typer.Option(
+        "--against", help="A saved `corral plan CLUSTER -o json`: name the dangerous changes since it.",
+        dir_okay=False, exists=True)] = None,
 ) -> None:
     """Every resource `pulumi up` would register for a cluster, offline (Pulumi mocks, no credentials)."""
     # A short-lived process: no cyclic GC while the cloud SDKs load and the
@@ -126,9 +172,15 @@ def plan(
     except PlanError as err:
         fail(str(err))
     if chosen_format(output, legacy_format) is Format.json:
+        # Machines read this (corral diff, benchmarks): it stays the bare listing.
         out.print(result.to_json(), markup=False, end="")
-    else:
+        return
+    dangers = _dangers_against(against, result.resources) if against else None
+    _print_summary(result, dangers)
+    if full:
         _print_table(result)
+    else:
+        out.print(f"the full listing (every resource and its key inputs): corral plan {name} --full", markup=False)
 
 
 def up(
