@@ -4,7 +4,7 @@ from typing import Annotated
 
 import typer
 
-from . import certs, diff, doctor, edit, etcd, fleet, infra, manifests, nodes, upgrade, usage
+from . import certs, diff, doctor, edit, etcd, fleet, infra, manifests, nodes, sites, upgrade, usage
 from .common import CorralTyper, out, plain_warnings
 
 # add_completion gives --install-completion/--show-completion (typer's shell
@@ -53,6 +53,7 @@ certs.register(app)
 usage.register(app)
 etcd.register(app)
 doctor.register(app)
+sites.register(app)
 
 
 def main() -> None:

@@ -10,15 +10,15 @@ from ..schema import CloudPool, Gpu, OnPremPool, Roce
 from .errors import CANONICAL_POOL_KEYS, POOLS_KEY, EditError
 from .spans import Node, _column, _dash_of, _data, _line_end, _tree
 from .splice import (
-    _append_block_item,
     _append_flow_item,
     _check,
     _remove_block_item,
     _remove_flow_item,
     _set_value,
     _splice,
+    append_section_item,
 )
-from .style import _hints_from, _key_order, _ordered, _render_flow, _render_item, detect_style, render_scalar
+from .style import _hints_from, _key_order, _ordered, detect_style, render_scalar
 
 
 def _pool_index(root: Node, name: str) -> tuple[Node, Node, int]:
@@ -114,28 +114,7 @@ def add_pool(text: str, pool: dict[str, Any], reserved_for: str | None = None) -
     hints = _hints_from(same_kind + [s for s in siblings if s not in same_kind])
     pool = _ordered(pool, _key_order(same_kind or siblings))
 
-    if pair is None:
-        # No nodePools yet: a new section at the end.
-        lines = _render_item(pool, style.seq_offset, style, hints)
-        body = text if text.endswith("\n") or not text else text + "\n"
-        new = body + ("\n" if style.blank_between_sections and body.strip() else "") + f"{POOLS_KEY}:\n" + "\n".join(lines) + "\n"
-    else:
-        key, seq = pair
-        if seq.kind != "seq":
-            raise EditError(f"{POOLS_KEY} must be a list")
-        if seq.flow and seq.items:
-            new = _append_flow_item(text, seq, _render_flow(pool, style, hints))
-        elif seq.flow:
-            # `nodePools: []` becomes a block list (keeping a comment on that line).
-            line_end = _line_end(text, seq.end)
-            lines = _render_item(pool, _column(text, key.start) + style.seq_offset, style, hints)
-            rest = text[seq.end:line_end]
-            head = text[:key.end] + ":" + rest.rstrip("\n")
-            new = head + "\n" + "\n".join(lines) + "\n" + text[line_end:]
-        else:
-            dash_col = _column(text, _dash_of(text, seq.items[0]))
-            lines = _render_item(pool, dash_col, style, hints)
-            new = _append_block_item(text, seq, lines, style.blank_between_items)
+    new = append_section_item(text, root, POOLS_KEY, pool, style, hints)
     expected = dict(data)
     expected[POOLS_KEY] = list(data.get(POOLS_KEY) or []) + [pool]
     new = _check(new, expected, "adding the pool")

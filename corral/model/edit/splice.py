@@ -18,7 +18,7 @@ from .spans import (
     _line_start,
     _lines_from,
 )
-from .style import Style, _hints_from_pairs, _render_entry, _render_flow, render_scalar
+from .style import Style, _hints_from_pairs, _render_entry, _render_flow, _render_item, render_scalar
 
 
 # --- Splicing ----------------------------------------------------------------
@@ -160,3 +160,31 @@ def _check(new_text: str, expected: Any, what: str) -> str:
             "Please report this with the cluster file."
         )
     return new_text
+
+
+def append_section_item(text: str, root, section: str, item: dict[str, Any], style, hints) -> str:
+    """`item` appended to the top-level list `section` (nodePools, sites), in the file's style.
+
+    No section yet: a new one at the end. `section: []`: a block list (a
+    comment on that line kept). A flow list stays flow; a block list gets a
+    block item at the first item's column.
+    """
+    pair = root.get(section)
+    if pair is None:
+        lines = _render_item(item, style.seq_offset, style, hints)
+        body = text if text.endswith("\n") or not text else text + "\n"
+        return body + ("\n" if style.blank_between_sections and body.strip() else "") + f"{section}:\n" + "\n".join(lines) + "\n"
+    key, seq = pair
+    if seq.kind != "seq":
+        raise EditError(f"{section} must be a list")
+    if seq.flow and seq.items:
+        return _append_flow_item(text, seq, _render_flow(item, style, hints))
+    if seq.flow:
+        line_end = _line_end(text, seq.end)
+        lines = _render_item(item, _column(text, key.start) + style.seq_offset, style, hints)
+        rest = text[seq.end:line_end]
+        head = text[:key.end] + ":" + rest.rstrip("\n")
+        return head + "\n" + "\n".join(lines) + "\n" + text[line_end:]
+    dash_col = _column(text, _dash_of(text, seq.items[0]))
+    lines = _render_item(item, dash_col, style, hints)
+    return _append_block_item(text, seq, lines, style.blank_between_items)
