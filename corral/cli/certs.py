@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cluster_or_exit, err, fail, out
+from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cluster_or_exit, err, examples, fail, out
 
 
 def certs(
@@ -145,5 +145,10 @@ def kubeconfig(
 
 
 def register(app: typer.Typer) -> None:
-    app.command()(certs)
-    app.command()(kubeconfig)
+    app.command(epilog=examples(
+        "corral certs jaguar",
+        "corral certs jaguar --warn-days 60 --no-nodes",
+    ))(certs)
+    app.command(epilog=examples(
+        "corral kubeconfig jaguar --user alice --group ml-team --ttl 8h --out alice.kubeconfig",
+    ))(kubeconfig)

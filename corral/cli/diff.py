@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import DEFAULT_CLUSTERS, ClustersOption, chosen_format, fail, out
+from .common import DEFAULT_CLUSTERS, ClustersOption, chosen_format, examples, fail, out
 
 FORMATS = ("text", "markdown", "json")
 
@@ -52,4 +52,7 @@ def diff(
 
 
 def register(app: typer.Typer) -> None:
-    app.command()(diff)
+    app.command(epilog=examples(
+        "corral diff",
+        "corral diff --base main -o markdown --out diff.md --fail-on-danger",
+    ))(diff)

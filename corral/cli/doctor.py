@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cluster_or_exit, out
+from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cluster_or_exit, examples, out
 
 
 class Output(str, enum.Enum):
@@ -55,4 +55,7 @@ def doctor(
 
 
 def register(app: typer.Typer) -> None:
-    app.command()(doctor)
+    app.command(epilog=examples(
+        "corral doctor jaguar",
+        "corral doctor heron -o json",
+    ))(doctor)

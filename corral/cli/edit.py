@@ -20,6 +20,7 @@ from .common import (
     check_cluster_name,
     cluster_path,
     err,
+    examples,
     fail,
     out,
 )
@@ -351,10 +352,20 @@ def new(
 
 
 def register(app: typer.Typer) -> None:
-    nodepool_app.command()(add)
-    nodepool_app.command("list")(list_pools)
-    nodepool_app.command()(scale)
-    nodepool_app.command()(remove)
+    nodepool_app.command(epilog=examples(
+        "corral nodepool add heron gpu-a10g-batch --provider aws --machine-type g5.12xlarge --max 8 --spot --dry-run",
+    ))(add)
+    nodepool_app.command("list", epilog=examples(
+        "corral nodepool list jaguar",
+    ))(list_pools)
+    nodepool_app.command(epilog=examples(
+        "corral nodepool scale heron gpu-a10g --max 30 --dry-run",
+    ))(scale)
+    nodepool_app.command(epilog=examples(
+        "corral nodepool remove ibis gpu-l4 --dry-run",
+    ))(remove)
     app.add_typer(nodepool_app, name="nodepool")
-    cluster_app.command()(new)
+    cluster_app.command(epilog=examples(
+        "corral cluster new kite --cloud aws --region us-east-1 --dry-run",
+    ))(new)
     app.add_typer(cluster_app, name="cluster")

@@ -14,8 +14,18 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from .common import (DEFAULT_CLUSTERS, ClusterArg, ClustersOption, CorralTyper, check_ssh_user_option, cluster_or_exit,
-                     etcdctl_or_exit, fail, out)
+from .common import (
+    DEFAULT_CLUSTERS,
+    ClusterArg,
+    ClustersOption,
+    CorralTyper,
+    check_ssh_user_option,
+    cluster_or_exit,
+    etcdctl_or_exit,
+    examples,
+    fail,
+    out,
+)
 
 app = CorralTyper(help="etcd: status, snapshots, restore, member replacement, growing and shrinking (docs/etcd.md).",
                   no_args_is_help=True)
@@ -52,7 +62,10 @@ def _size(n: int) -> str:
     return f"{n / 1024**2:.1f} MiB"
 
 
-@app.command()
+@app.command(epilog=examples(
+    "corral etcd status jaguar",
+    "corral etcd status jaguar --events",
+))
 def status(name: ClusterArg, clusters: ClustersOption = DEFAULT_CLUSTERS, events: EventsOption = False,
            endpoints: EndpointsOption = None, cacert: CaOption = None, cert: CertOption = None,
            key: KeyOption = None) -> None:
@@ -82,7 +95,9 @@ def status(name: ClusterArg, clusters: ClustersOption = DEFAULT_CLUSTERS, events
     out.print(f"{len(state.members)} members, healthy, leader {state.leader.name}", markup=False)
 
 
-@app.command()
+@app.command(epilog=examples(
+    "corral etcd snapshot jaguar --out jaguar-etcd.db",
+))
 def snapshot(name: ClusterArg, output: Annotated[Path, typer.Option("--out", help="Snapshot file to write.",
                                                                       dir_okay=False)],
              clusters: ClustersOption = DEFAULT_CLUSTERS, events: EventsOption = False,
@@ -176,7 +191,10 @@ def _fetch_from_bucket(cluster, events: bool, object_name: str, dest: Path, rest
     return sha256 or got.sha256
 
 
-@app.command()
+@app.command(epilog=examples(
+    "corral etcd restore jaguar jaguar-etcd.db --all",
+    "corral etcd restore jaguar jaguar-etcd.db --from-bucket latest --all",
+))
 def restore(name: ClusterArg, snapshot_file: Annotated[Path, typer.Argument(
                 help="Snapshot file (from `corral etcd snapshot`, or where --from-bucket downloads to).",
                 dir_okay=False)],
@@ -263,7 +281,9 @@ def _await_machine(what_to_do: str, timeout: int):
     return start_member
 
 
-@app.command()
+@app.command(epilog=examples(
+    "corral etcd replace jaguar jaguar-etcd-1",
+))
 def replace(name: ClusterArg, member: Annotated[str, typer.Argument(help="Member to replace (e.g. jaguar-etcd-1).")],
             clusters: ClustersOption = DEFAULT_CLUSTERS, events: EventsOption = False,
             endpoints: EndpointsOption = None, cacert: CaOption = None, cert: CertOption = None,
@@ -289,7 +309,9 @@ def replace(name: ClusterArg, member: Annotated[str, typer.Argument(help="Member
     out.print(f"{member} replaced in {change.seconds:.0f} s ({steps})", markup=False)
 
 
-@app.command()
+@app.command(epilog=examples(
+    "corral etcd add jaguar jaguar-etcd-3",
+))
 def add(name: ClusterArg, member: Annotated[str, typer.Argument(help="Member to add (e.g. jaguar-etcd-3).")],
         peer_url: Annotated[Optional[str], typer.Option(
             help="The new member's peer URL; default: its address in the cluster's layout.")] = None,
@@ -325,7 +347,9 @@ def add(name: ClusterArg, member: Annotated[str, typer.Argument(help="Member to 
     _report(change, current + 1, len(layout_members))
 
 
-@app.command()
+@app.command(epilog=examples(
+    "corral etcd remove jaguar jaguar-etcd-4",
+))
 def remove(name: ClusterArg, member: Annotated[str, typer.Argument(help="Member to remove (e.g. jaguar-etcd-4).")],
            clusters: ClustersOption = DEFAULT_CLUSTERS, events: EventsOption = False,
            endpoints: EndpointsOption = None, cacert: CaOption = None, cert: CertOption = None,

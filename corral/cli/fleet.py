@@ -9,7 +9,9 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cluster_or_exit, fleet_or_exit, out, report_problems
+from .common import (
+    DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cluster_or_exit, examples, fleet_or_exit, out, report_problems,
+)
 
 
 def _etcd_summary(cluster) -> str:
@@ -110,7 +112,17 @@ def schema(
 
 
 def register(app: typer.Typer) -> None:
-    app.command()(validate)
-    app.command("list")(list_clusters)
-    app.command()(show)
-    app.command()(schema)
+    app.command(epilog=examples(
+        "corral validate",
+        "corral validate clusters/jaguar.yaml",
+    ))(validate)
+    app.command("list", epilog=examples(
+        "corral list",
+    ))(list_clusters)
+    app.command(epilog=examples(
+        "corral show jaguar",
+        "corral show heron -o json --expand-hosts",
+    ))(show)
+    app.command(epilog=examples(
+        "corral schema",
+    ))(schema)

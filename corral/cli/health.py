@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cluster_or_exit, err, fail, out
+from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cluster_or_exit, err, examples, fail, out
 
 STATE_STYLE = {"unhealthy": "bold red", "preflight": "yellow", "healthy": "green"}
 
@@ -136,4 +136,7 @@ def _execute(cluster, plan, kubectl, provider_ids: dict[str, str], node_groups, 
 
 
 def register(nodes_app: typer.Typer) -> None:
-    nodes_app.command()(health)
+    nodes_app.command(epilog=examples(
+        "corral nodes health jaguar --all",
+        "corral nodes health jaguar --remediate --check",
+    ))(health)

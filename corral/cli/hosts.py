@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, CorralTyper, cluster_or_exit, err, fail, out
+from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, CorralTyper, cluster_or_exit, err, examples, fail, out
 
 
 def trust(
@@ -54,5 +54,8 @@ def trust(
 
 def register(app: typer.Typer) -> None:
     hosts_app = CorralTyper(help="The on-prem hosts' ssh host keys.", no_args_is_help=True)
-    hosts_app.command()(trust)
+    hosts_app.command(epilog=examples(
+        "corral hosts trust jaguar",
+        "corral hosts trust jaguar --site sf1",
+    ))(trust)
     app.add_typer(hosts_app, name="hosts")

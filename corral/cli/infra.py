@@ -13,7 +13,9 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, chosen_format, cloud_extra_or_exit, cluster_or_exit, fail, out
+from .common import (
+    DEFAULT_CLUSTERS, ClusterArg, ClustersOption, chosen_format, cloud_extra_or_exit, cluster_or_exit, examples, fail, out,
+)
 
 # Inputs shown first in the table's summary column when a resource has them:
 # what a reviewer checks (where, how big, how fast, who may connect).
@@ -207,5 +209,11 @@ def up(
 
 
 def register(app: typer.Typer) -> None:
-    app.command()(plan)
-    app.command()(up)
+    app.command(epilog=examples(
+        "corral plan heron",
+        "corral plan heron --full",
+        "corral plan heron -o json",
+    ))(plan)
+    app.command(epilog=examples(
+        "corral up heron",
+    ))(up)

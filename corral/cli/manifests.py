@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cluster_or_exit, err, fail, out
+from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cluster_or_exit, err, examples, fail, out
 
 
 def manifests(
@@ -67,4 +67,7 @@ def manifests(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("manifests")(manifests)
+    app.command("manifests", epilog=examples(
+        "corral manifests heron",
+        "corral manifests jaguar --out manifests",
+    ))(manifests)

@@ -11,7 +11,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, CorralTyper, cluster_or_exit, err, fail, out
+from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, CorralTyper, cluster_or_exit, err, examples, fail, out
 
 STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "bold red", "unreachable": "bold red",
                 "not run": "bold red"}
@@ -174,8 +174,14 @@ def join(
 
 
 def register(app: typer.Typer) -> None:
-    app.command()(inventory)
-    app.command()(join)
+    app.command(epilog=examples(
+        "corral inventory jaguar",
+        "corral inventory jaguar --list",
+    ))(inventory)
+    app.command(epilog=examples(
+        "corral join jaguar --check",
+        "corral join jaguar --pool gpu-h100-sf1 --limit gpu-001.sf1.internal",
+    ))(join)
     from . import hosts
 
     hosts.register(app)

@@ -9,8 +9,18 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from .common import (DEFAULT_CLUSTERS, ClusterArg, ClustersOption, check_ssh_user_option, cluster_or_exit, err,
-                     etcdctl_or_exit, fail, out)
+from .common import (
+    DEFAULT_CLUSTERS,
+    ClusterArg,
+    ClustersOption,
+    check_ssh_user_option,
+    cluster_or_exit,
+    err,
+    etcdctl_or_exit,
+    examples,
+    fail,
+    out,
+)
 
 
 def _plan_table(plan) -> Table:
@@ -389,4 +399,7 @@ def _still_behind(access, target: str, hosts: list[str]) -> list[str]:
 
 
 def register(app: typer.Typer) -> None:
-    app.command()(upgrade)
+    app.command(epilog=examples(
+        "corral upgrade jaguar --to 1.32.0 --check",
+        "corral upgrade jaguar --to 1.32.0 --pool gpu-h100-sf1 --batch 5",
+    ))(upgrade)

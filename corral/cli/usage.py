@@ -13,7 +13,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, chosen_format, cluster_or_exit, err, fail, out
+from .common import (
+    DEFAULT_CLUSTERS, ClusterArg, ClustersOption, chosen_format, cluster_or_exit, err, examples, fail, out,
+)
 
 DEFAULT_PROMETHEUS = "http://127.0.0.1:9090"
 
@@ -87,4 +89,7 @@ def usage(
 
 
 def register(app: typer.Typer) -> None:
-    app.command()(usage)
+    app.command(epilog=examples(
+        "corral usage jaguar",
+        "corral usage jaguar --since 30d -o csv",
+    ))(usage)
