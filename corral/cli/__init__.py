@@ -7,8 +7,9 @@ import typer
 from . import certs, diff, doctor, edit, etcd, fleet, infra, manifests, nodes, sites, upgrade, usage
 from .common import CorralTyper, out, plain_warnings
 
-# add_completion gives --install-completion/--show-completion (typer's shell
-# completion, https://typer.tiangolo.com/tutorial/options-autocompletion/).
+# add_completion gives --install-completion/--show-completion for bash, zsh,
+# fish and PowerShell (typer's own CLI documents them the same way:
+# https://manpages.ubuntu.com/manpages/questing/man1/typer.1.html).
 app = CorralTyper(
     name="corral",
     help="GPU Kubernetes clusters across Azure, AWS, GCP and your own data centres.",

@@ -190,6 +190,11 @@ class CorralTyper(typer.Typer):
 def examples(*lines: str) -> str:
     """A command's Examples section (its epilog): commands that run on the shipped clusters.
 
+    typer renders a command's `epilog` after the options, one paragraph per
+    blank-line-separated block (typer 0.6.0 release notes,
+    https://github.com/tiangolo/typer/releases/tag/0.6.0; typer/rich_utils.py
+    splits the epilog on "\n\n"): one example a paragraph.
+
     tests/test_cli_conventions.py runs every line (or parses it, when it
     needs a cloud), so an example cannot go stale.
     """
