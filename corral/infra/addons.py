@@ -275,8 +275,9 @@ class Addons(pulumi.ComponentResource):
 
                 warn_once(
                     "corral:bootstrapTokenRotation is not set: every `pulumi up` extends the same bootstrap "
-                    f"tokens by {token_ttl_hours} h. Set it to the time you issue tokens (RFC 3339) and change "
-                    "it to rotate them (see corral/infra/addons.py token_expiration)."
+                    f"tokens by {token_ttl_hours} h. Set it to the time you issue tokens and change it to rotate "
+                    f"them: pulumi config set corral:bootstrapTokenRotation \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\" "
+                    f"-s {cluster.name} (docs/security.md, Rotating each secret)."
                 )
             expiration = token_expiration(token_rotation, token_ttl_hours, datetime.datetime.now(datetime.timezone.utc))
             for what, token in bootstrap_tokens.items():

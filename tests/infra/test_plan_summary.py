@@ -101,6 +101,9 @@ def test_no_warning_points_into_a_source_file():
                           env=env, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert ".py:" not in done.stdout + done.stderr, done.stderr
+    # Nor does corral's own advice send the user into its code: it names a command or a doc.
+    warnings = [line for line in (done.stdout + done.stderr).splitlines() if "warning" in line.lower()]
+    assert warnings and not [line for line in warnings if re.search(r"[\w/]+\.py\b", line)], warnings
 
 
 def test_a_warning_is_one_line_without_its_source_location(capsys):
