@@ -37,7 +37,10 @@ a log line, an Event); requests from outside the pool groups (kubelets
 renewing their own certificate, the API servers' token) are left to
 kube-controller-manager.
 
-Then it labels each pool node, once registered, with labels its kubelet cannot
+Then it labels every node, once registered, with the Prometheus shard that
+scrapes it (`.../corral-monitoring-shard=<i>`, Prometheus' own hashmod of the
+node name, so each shard's node watch selects only its share: docs/scale.md,
+"Monitoring at 7,500 nodes"), and each pool node with labels its kubelet cannot
 set (NodeRestriction refuses kubelets any `node-restriction.kubernetes.io/`
 label, kubernetes/website admission-controllers.md): the pool and, for a
 reserved pool, the team. Team placement selects those, not the kubelet-set
@@ -61,6 +64,7 @@ for), a node labelled when it registers; each write is made once.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import random
@@ -334,9 +338,31 @@ def approved_pools(csrs: list[dict], config: dict) -> dict[str, str]:
     return found
 
 
-def wanted_labels(node: dict, config: dict, approved: dict[str, str]) -> dict[str, str | None] | None:
-    """The labels this controller owns, as `node` should carry them (None: a value to remove),
-    or None when the node's pool cannot be told (not a pool node: leave it alone)."""
+def prometheus_hashmod(value: str, modulus: int) -> int:
+    """Prometheus' `hashmod` relabel action: the last 8 bytes of the MD5 of `value`, as a
+    big-endian unsigned 64-bit integer, modulo `modulus` (prometheus/prometheus
+    model/relabel/relabel.go, `case HashMod`: `binary.BigEndian.Uint64(hash[8:]) % cfg.Modulus`,
+    in v2.55.1, the version corral runs, and since v2.43.0; the earlier sum64() shifted all 16
+    bytes into a uint64, which kept the same last 8). The shards' relabelling computes this
+    of the node name; the label this controller sets must name the same shard."""
+    return int.from_bytes(hashlib.md5(value.encode("utf-8")).digest()[8:16], "big") % modulus
+
+
+def monitoring_shard_label(node: dict, config: dict) -> dict[str, str]:
+    """The Prometheus shard of `node` (every node: pool nodes, API servers, any other), as a label."""
+    shard = prometheus_hashmod(node["metadata"]["name"], int(config["monitoring_shards"]))
+    return {config["labels"]["monitoring_shard"]: str(shard)}
+
+
+def wanted_labels(node: dict, config: dict, approved: dict[str, str]) -> dict[str, str | None]:
+    """The labels this controller owns, as `node` should carry them (None: a value to remove):
+    the monitoring shard always, and the pool labels when the node's pool can be told."""
+    return {**monitoring_shard_label(node, config), **(pool_labels(node, config, approved) or {})}
+
+
+def pool_labels(node: dict, config: dict, approved: dict[str, str]) -> dict[str, str | None] | None:
+    """The pool and team labels `node` should carry (None: a value to remove), or None when
+    the node's pool cannot be told (not a pool node: its pool labels are left alone)."""
     name = node["metadata"]["name"]
     labels = node["metadata"].get("labels") or {}
     pool_label, team_label = config["labels"]["pool"], config["labels"]["team"]
@@ -529,8 +555,7 @@ class Approver:
             self.to_check.update(self.unlabelled)
         for name in sorted(self.to_check):
             node = self.to_check[name]
-            wanted = wanted_labels(node, self.config, self.approved)
-            patch = label_patch(node, wanted) if wanted else None
+            patch = label_patch(node, wanted_labels(node, self.config, self.approved))
             if patch:
                 stored = self.api.call("PATCH", f"{NODES_PATH}/{urllib.parse.quote(name, safe='')}", patch,
                                        "application/merge-patch+json")

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from corral.model.render import dump_yaml
 from corral.model.schema import LABEL_DOMAIN, TEAM_TAINT_KEY, Cluster
 
-from .policy import CONTROL_PLANE_LABEL, GPU_PRESENT_LABEL, MONITORING_NAMESPACE
+from .policy import CONTROL_PLANE_LABEL, GPU_PRESENT_LABEL, MONITORING_NAMESPACE, NODE_RESTRICTION_PREFIX
 
 SCRAPE_INTERVAL_SECONDS = 30
 # Usage rules run every minute; `corral usage` turns a count of their samples
@@ -351,6 +351,22 @@ def _alternatives(names: tuple[str, ...]) -> str:
     return "|".join(names)
 
 
+# The shard that scrapes a node, set on every Node by corral-node-approver
+# (corral/certs/node_approver.py prometheus_hashmod: the same hashmod of the node
+# name as _shard_of_node below). A `node-restriction.kubernetes.io/` label, so no
+# kubelet can move its node to another shard's watch (NodeRestriction).
+SHARD_NODE_LABEL = f"{NODE_RESTRICTION_PREFIX}/corral-monitoring-shard"
+
+
+def _shard_node_watch(shard: int) -> dict:
+    """Shard `shard`'s node watch: only the nodes labelled with its number. kubernetes_sd
+    passes a `role: node` selector's `label` as the node list's and watch's labelSelector
+    (prometheus/prometheus v2.55.1 discovery/kubernetes/kubernetes.go newNodeInformer:
+    `options.LabelSelector = d.selectors.node.label` in ListFunc and WatchFunc;
+    configuration docs, <kubernetes_sd_config> `selectors`)."""
+    return {"role": "node", "selectors": [{"role": "node", "label": f"{SHARD_NODE_LABEL}={shard}"}]}
+
+
 def _shard_of_node(node_label: str, shard: int, shards: int) -> list[dict]:
     """Keep only the targets whose node name hashes to `shard`."""
     return [
@@ -372,9 +388,9 @@ def _pods_job(name: str, app: str, port: int, shard: int, shards: int) -> dict:
             # has nothing to scrape). kubernetes_sd passes `label` and `field`
             # as the watch's labelSelector and fieldSelector (Prometheus
             # configuration docs, <kubernetes_sd_config> `selectors`); pods
-            # take status.phase as a field selector. No selector can name a
-            # shard's hash share of the nodes: docs/scale.md, "Monitoring at
-            # 7,500 nodes".
+            # take status.phase as a field selector. DaemonSet pods carry no
+            # node label, so a shard's share of them is kept by the hashmod
+            # only: docs/scale.md, "Monitoring at 7,500 nodes".
             "selectors": [{"role": "pod", "label": f"app.kubernetes.io/name={app}", "field": "status.phase=Running"}],
         }],
         "relabel_configs": _shard_of_node(node, shard, shards) + [
@@ -464,7 +480,10 @@ def shard_config(cluster: Cluster, gpu: bool, shard: int, shards: int) -> str:
             "job_name": "kubelet-cadvisor",
             "metrics_path": "/metrics/cadvisor",
             **_in_cluster_tls(),
-            "kubernetes_sd_configs": [{"role": "node"}],
+            # The API server sends this shard only its own nodes (the approver's label);
+            # the hashmod below is the same partition, so it drops nothing, and it keeps
+            # a node whose label is stale (a shard count just changed) off this shard.
+            "kubernetes_sd_configs": [_shard_node_watch(shard)],
             "relabel_configs": _shard_of_node("__meta_kubernetes_node_name", shard, shards) + [
                 {"source_labels": ["__meta_kubernetes_node_name"], "target_label": "node"},
             ],

@@ -17,10 +17,11 @@ Three parts, all rendered from the cluster file:
    nodeclient`): that is what let kube-controller-manager approve any name.
 2. corral-node-approver (corral/certs/node_approver.py): approves a pool
    token's kubelet client request only for a machine of that pool, denies the
-   rest, and labels pool nodes with `node-restriction.kubernetes.io/corral-pool`
-   and `.../corral-team`, which no kubelet may set.
+   rest, labels pool nodes with `node-restriction.kubernetes.io/corral-pool`
+   and `.../corral-team`, which no kubelet may set, and every node with
+   `.../corral-monitoring-shard`, the Prometheus shard that scrapes it.
 3. A ValidatingAdmissionPolicy holding the approver's Node updates to those
-   two labels: `patch nodes` in RBAC covers every field of every node.
+   three labels: `patch nodes` in RBAC covers every field of every node.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from corral.model.layout import layout
 from corral.model.schema import Cluster
 from corral.nodes.join import pool_token_group
 
-from . import policy
+from . import monitoring, policy
 from .runner_rbac import FIXED_SPEC_FIELDS, field_or_empty
 
 NAME = "corral-node-approver"
@@ -92,7 +93,11 @@ def config(cluster: Cluster) -> dict:
             entry["name_patterns"] = cloud_name_patterns(cluster, pool)
         pools[pool.name] = entry
     return {
-        "labels": {"pool": policy.POOL_NODE_LABEL, "team": policy.TEAM_NODE_LABEL},
+        "labels": {"pool": policy.POOL_NODE_LABEL, "team": policy.TEAM_NODE_LABEL,
+                   "monitoring_shard": monitoring.SHARD_NODE_LABEL},
+        # The shards' hashmod modulus: a new shard count changes this file, so the
+        # approver restarts and its first node list relabels every node once.
+        "monitoring_shards": monitoring.shard_count(cluster),
         "reserved_names": reserved_names(cluster),
         "pools": pools,
         "resync_seconds": RESYNC_SECONDS,
@@ -108,13 +113,14 @@ def files(cluster: Cluster) -> dict[str, str]:
 
 
 def _label_scope_validations() -> list[dict[str, str]]:
-    """CEL: between old and new Node, only the approver's two labels may differ."""
-    owned = json.dumps([policy.POOL_NODE_LABEL, policy.TEAM_NODE_LABEL])
+    """CEL: between old and new Node, only the approver's three labels may differ."""
+    owned_labels = (policy.POOL_NODE_LABEL, policy.TEAM_NODE_LABEL, monitoring.SHARD_NODE_LABEL)
+    owned = json.dumps(list(owned_labels))
     new, old = field_or_empty("object", "metadata.labels", "{}"), field_or_empty("oldObject", "metadata.labels", "{}")
     validations = [
         {"expression": (f"{new}.all(k, k in {owned} || (k in {old} && {old}[k] == {new}[k])) && "
                         f"{old}.all(k, k in {owned} || k in {new})"),
-         "message": f"{NAME} may change only the labels {policy.POOL_NODE_LABEL} and {policy.TEAM_NODE_LABEL}"},
+         "message": f"{NAME} may change only the labels {', '.join(owned_labels)}"},
         {"expression": (f"{field_or_empty('object', 'metadata.annotations', '{}')} == "
                         f"{field_or_empty('oldObject', 'metadata.annotations', '{}')}"),
          "message": f"{NAME} may not change a node's annotations"},

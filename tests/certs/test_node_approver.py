@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import base64
 import copy
+import hashlib
 import ipaddress
+import re
 from pathlib import Path
 
 import pytest
@@ -22,9 +24,12 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
 from corral.certs import node_approver as approver
+from corral.manifests import monitoring
 from corral.manifests import node_approver as addon
+from corral.manifests.monitoring import SHARD_NODE_LABEL
 from corral.manifests.policy import POOL_NODE_LABEL, TEAM_NODE_LABEL
 from corral.model import load_fleet
+from corral.model.schema import Monitoring
 from corral.nodes.join import pool_token_group
 from tests.certs.fake_csr_apiserver import FakeCsrApiServer
 
@@ -198,32 +203,36 @@ def node(name: str, **labels) -> dict:
 
 
 def test_reserved_pool_nodes_get_the_team_label_and_shared_nodes_lose_a_forged_one():
-    config = addon.config(JAGUAR)
+    config = addon.config(JAGUAR)   # one Prometheus shard: every node's is 0
     wanted = approver.wanted_labels(node("gpu-070.sf1.internal"), config, {})
-    assert wanted == {POOL_NODE_LABEL: "gpu-h100-robotics", TEAM_NODE_LABEL: "robotics"}
+    assert wanted == {POOL_NODE_LABEL: "gpu-h100-robotics", TEAM_NODE_LABEL: "robotics", SHARD_NODE_LABEL: "0"}
     # A shared node labelled as the team's (by hand, or by an older approver's bug): removed.
-    forged = node("gpu-002.sf1.internal", **{TEAM_NODE_LABEL: "robotics", "corral.dev/team": "robotics"})
+    forged = node("gpu-002.sf1.internal", **{TEAM_NODE_LABEL: "robotics", "corral.dev/team": "robotics",
+                                               SHARD_NODE_LABEL: "0"})
     wanted = approver.wanted_labels(forged, config, {})
     assert approver.label_patch(forged, wanted) == {
         "metadata": {"labels": {POOL_NODE_LABEL: "gpu-h100-sf1", TEAM_NODE_LABEL: None}}}
-    # The API servers and unknown machines are left alone.
-    assert approver.wanted_labels(node("jaguar-apiserver-0"), config, {}) is None
-    assert approver.wanted_labels(node("laptop"), config, {}) is None
+    # The API servers and unknown machines get no pool labels, only their monitoring shard.
+    assert approver.pool_labels(node("jaguar-apiserver-0"), config, {}) is None
+    assert approver.pool_labels(node("laptop"), config, {}) is None
+    assert approver.wanted_labels(node("jaguar-apiserver-0"), config, {}) == {SHARD_NODE_LABEL: "0"}
+    assert approver.wanted_labels(node("laptop"), config, {}) == {SHARD_NODE_LABEL: "0"}
 
 
 def test_aws_nodes_take_their_pool_from_the_approved_request_or_the_approvers_own_label():
     config = addon.config(HERON)
     name = "ip-10-20-3-4.ec2.internal"
     # The kubelet-set corral.dev/pool says nothing: every AWS pool's rule fits the name.
-    assert approver.wanted_labels(node(name, **{"corral.dev/pool": "gpu-a10g-inference"}), config, {}) is None
+    assert approver.pool_labels(node(name, **{"corral.dev/pool": "gpu-a10g-inference"}), config, {}) is None
     request = csr(name, [pool_token_group("gpu-a10g-inference")])
     request["status"] = {"conditions": [{"type": "Approved", "status": "True", "reason": "CorralPoolMember"}]}
     approved = approver.approved_pools([request], config)
     assert approved == {name: "gpu-a10g-inference"}
-    assert approver.wanted_labels(node(name), config, approved) == {
+    assert approver.pool_labels(node(name), config, approved) == {
         POOL_NODE_LABEL: "gpu-a10g-inference", TEAM_NODE_LABEL: "inference"}
     # After the request is gone (an hour), the approver's own pool label carries it on.
-    labelled = node(name, **{POOL_NODE_LABEL: "gpu-a10g-inference", TEAM_NODE_LABEL: "inference"})
+    shard = approver.monitoring_shard_label(node(name), config)
+    labelled = node(name, **{POOL_NODE_LABEL: "gpu-a10g-inference", TEAM_NODE_LABEL: "inference"}, **shard)
     assert approver.label_patch(labelled, approver.wanted_labels(labelled, config, {})) is None
 
 
@@ -260,9 +269,10 @@ def test_one_round_approves_denies_and_labels_through_the_api(tmp_path, monkeypa
             ("other-pool", "Warning", "NotInPool")}
         labels = {name: n["metadata"]["labels"] for name, n in api.nodes.items()}
         assert labels["gpu-066.sf1.internal"] == {"corral.dev/team": "robotics", POOL_NODE_LABEL: "gpu-h100-robotics",
-                                                  TEAM_NODE_LABEL: "robotics"}
-        assert labels["gpu-004"] == {POOL_NODE_LABEL: "gpu-h100-sf1"}   # a shared node keeps no team label
-        assert labels["jaguar-apiserver-0"] == {}
+                                                  TEAM_NODE_LABEL: "robotics", SHARD_NODE_LABEL: "0"}
+        # A shared node keeps no team label.
+        assert labels["gpu-004"] == {POOL_NODE_LABEL: "gpu-h100-sf1", SHARD_NODE_LABEL: "0"}
+        assert labels["jaguar-apiserver-0"] == {SHARD_NODE_LABEL: "0"}
         # A second round finds nothing to do: idempotent.
         writes = [r for r in api.requests if r[0] != "GET"]
         assert approver.main(["node_approver.py", "--once"]) == 0
@@ -319,3 +329,94 @@ def test_the_configmaps_files_run_as_a_script(tmp_path):
                               cwd=tmp_path, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         assert [c["reason"] for c in api.csrs["good"]["status"]["conditions"]] == ["CorralPoolMember"]
+
+
+# --- the monitoring shard label (issue 28, item 5) -----------------------------------------
+
+
+def md5_hashmod(value: str, modulus: int) -> int:
+    """Prometheus' hashmod re-derived here, not imported: the last 8 bytes of the MD5 digest,
+    big-endian (prometheus/prometheus v2.55.1 model/relabel/relabel.go, `case HashMod`)."""
+    return int.from_bytes(hashlib.md5(value.encode()).digest()[8:16], "big") % modulus
+
+
+def relabel_keeps(relabel_configs: list[dict], target: dict[str, str]) -> bool:
+    """Whether Prometheus keeps `target` after `relabel_configs`: the actions the shard jobs
+    use (hashmod, keep, and the default replace), after relabel.go's Process (source labels
+    joined by ";", regexes anchored at both ends)."""
+    labels = dict(target)
+    for rule in relabel_configs:
+        value = rule.get("separator", ";").join(labels.get(name, "") for name in rule.get("source_labels", []))
+        action = rule.get("action", "replace")
+        if action == "hashmod":
+            labels[rule["target_label"]] = str(md5_hashmod(value, rule["modulus"]))
+        elif action == "keep":
+            if not re.fullmatch(rule["regex"], value):
+                return False
+        elif action == "replace":
+            found = re.fullmatch(rule.get("regex", "(.*)"), value)
+            if found:
+                labels[rule["target_label"]] = found.expand(rule.get("replacement", "$1").replace("$1", r"\1"))
+        else:
+            raise AssertionError(f"relabel action {action} is not evaluated here")
+    return True
+
+
+def selects(label_selector: str, labels: dict[str, str]) -> bool:
+    """An equality-based label selector (`key=value`, comma-separated) against a node's labels."""
+    return all(labels.get(key) == value for key, value in (term.split("=", 1) for term in label_selector.split(",")))
+
+
+def test_the_hashmod_is_prometheus_own():
+    # Prometheus' own expected outputs (model/relabel/relabel_test.go, v2.55.1: "baz" -> 976 and
+    # "foo\nbar" -> 734 with modulus 1000).
+    assert approver.prometheus_hashmod("baz", 1000) == 976
+    assert approver.prometheus_hashmod("foo\nbar", 1000) == 734
+    for name in ("gpu-001.sf1.internal", "jaguar-apiserver-0", "ip-10-20-3-4.ec2.internal", "laptop"):
+        for modulus in (1, 2, 3, 8, 64):
+            assert approver.prometheus_hashmod(name, modulus) == md5_hashmod(name, modulus), (name, modulus)
+
+
+SHARDS = 4
+SHARDED_JAGUAR = JAGUAR.model_copy(update={"monitoring": Monitoring(shards=SHARDS)})
+
+
+def test_every_node_is_labelled_with_the_shard_whose_relabelling_keeps_it(tmp_path, monkeypatch):
+    """A pool node, an API server and a node of no pool: each gets the shard label, and exactly
+    the shard the label names keeps it, by the rendered shard configs' own hashmod, and selects
+    it by its node watch's label selector. A second round writes nothing."""
+    import yaml
+
+    config_file = tmp_path / "config.json"
+    config_file.write_text(addon.files(SHARDED_JAGUAR)["config.json"])
+    names = ["gpu-066.sf1.internal", "gpu-004", "jaguar-apiserver-0", "jaguar-apiserver-2", "laptop",
+             *(f"gpu-{i:03d}.sf1.internal" for i in range(10, 30))]
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "token").write_text("t")
+    with FakeCsrApiServer(tmp_path, "t", [], [node(name) for name in names]) as api:
+        (sa / "ca.crt").write_bytes(api.ca.read_bytes())
+        for key, value in {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(api.port),
+                           "CORRAL_SA_DIR": str(sa), "CORRAL_NODE_APPROVER_CONFIG": str(config_file)}.items():
+            monkeypatch.setenv(key, value)
+        assert approver.main(["node_approver.py", "--once"]) == 0
+        labels = {name: api.nodes[name]["metadata"]["labels"] for name in names}
+        writes = [r for r in api.requests if r[0] != "GET"]
+        assert approver.main(["node_approver.py", "--once"]) == 0
+        assert [r for r in api.requests if r[0] != "GET"] == writes   # write on change only
+    assert POOL_NODE_LABEL not in labels["laptop"] and POOL_NODE_LABEL not in labels["jaguar-apiserver-0"]
+    assert labels["gpu-066.sf1.internal"][POOL_NODE_LABEL] == "gpu-h100-robotics"
+    kubelet_jobs = []
+    for shard in range(SHARDS):
+        rendered = yaml.safe_load(monitoring.shard_config(SHARDED_JAGUAR, True, shard, SHARDS))
+        (job,) = [j for j in rendered["scrape_configs"] if j["job_name"] == "kubelet-cadvisor"]
+        (watch,) = job["kubernetes_sd_configs"]
+        (selector,) = watch["selectors"]
+        kubelet_jobs.append((selector["label"], job["relabel_configs"]))
+    for name in names:
+        kept_by = [shard for shard, (_, rules) in enumerate(kubelet_jobs)
+                   if relabel_keeps(rules, {"__meta_kubernetes_node_name": name})]
+        watched_by = [shard for shard, (selector, _) in enumerate(kubelet_jobs) if selects(selector, labels[name])]
+        assert kept_by == watched_by == [int(labels[name][SHARD_NODE_LABEL])], name
+    # Four shards of 25 nodes: the label is not one constant.
+    assert len({labels[name][SHARD_NODE_LABEL] for name in names}) > 1

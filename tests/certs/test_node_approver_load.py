@@ -17,6 +17,7 @@ import pytest
 
 from corral.certs import node_approver as approver
 from corral.manifests import node_approver as addon
+from corral.manifests.monitoring import SHARD_NODE_LABEL
 from corral.manifests.policy import POOL_NODE_LABEL, TEAM_NODE_LABEL
 from corral.nodes.join import pool_token_group
 from tests.certs.fake_csr_apiserver import CSRS, FakeApproverCluster
@@ -26,7 +27,9 @@ from tests.health.simclock import SimClock
 
 HOUR = 3600
 SETTLED = 120            # listed, first watches open
-LABELLED = {POOL_NODE_LABEL: "gpu-h100-sf1"}
+# jaguar has one Prometheus shard: every node's monitoring shard is 0.
+SHARD_0 = {SHARD_NODE_LABEL: "0"}
+LABELLED = {POOL_NODE_LABEL: "gpu-h100-sf1", **SHARD_0}
 
 
 class ApproverSim:
@@ -95,11 +98,11 @@ def labelled_pool(count: int) -> list[dict]:
 
 @pytest.fixture
 def quiet(tmp_path, monkeypatch):
-    """A running cluster: 40 labelled pool nodes, the API servers (never labelled),
-    a request approved an hour ago."""
+    """A running cluster: 40 labelled pool nodes, the API servers (with their monitoring
+    shard, never a pool label), a request approved an hour ago."""
     old = csr("gpu-001.sf1.internal", [pool_token_group("gpu-h100-sf1")], name="old")
     old["status"] = {"conditions": [{"type": "Approved", "status": "True", "reason": "CorralPoolMember"}]}
-    nodes = labelled_pool(40) + [node(f"jaguar-apiserver-{i}") for i in range(3)]
+    nodes = labelled_pool(40) + [node(f"jaguar-apiserver-{i}", **SHARD_0) for i in range(3)]
     sim = ApproverSim(tmp_path, monkeypatch, nodes, [old])
     yield sim
     sim.stop()
@@ -156,7 +159,7 @@ def test_a_new_request_is_decided_and_its_node_labelled_from_watch_events(quiet)
         ("get", "nodes", "etcd"): 1, ("update", f"{CSRS}/approval", "write"): 1, ("create", "events", "write"): 1}
     quiet.clock.run_until(SETTLED + 40.5)
     assert quiet.cluster.get("nodes", "gpu-070.sf1.internal")["metadata"]["labels"] == {
-        POOL_NODE_LABEL: "gpu-h100-robotics", TEAM_NODE_LABEL: "robotics"}
+        POOL_NODE_LABEL: "gpu-h100-robotics", TEAM_NODE_LABEL: "robotics", **SHARD_0}
     assert quiet.requests(SETTLED + 10.5, SETTLED + 40.5) == [("patch", "nodes", "write")]
     # And then quiet again: the labelled node's status posts do not reach it.
     quiet.clock.run_until(SETTLED + 2 * HOUR)
@@ -202,3 +205,21 @@ def test_two_approvers_racing_approve_a_request_once(quiet):
     assert writes[("create", "events", "write")] == 1
     assert 1 <= writes[("update", f"{CSRS}/approval", "write")] <= 2
     assert set(writes) == {("update", f"{CSRS}/approval", "write"), ("create", "events", "write")}
+
+
+def test_a_new_shard_count_relabels_each_node_whose_shard_moved_once_then_nothing(quiet):
+    """The shard count is in the approver's config: a change restarts it (config hash), and
+    its first node list relabels the nodes whose shard moved, each once; then quiet again."""
+    shards = 4
+    quiet.config = {**quiet.config, "monitoring_shards": shards}
+    quiet.start()
+    quiet.clock.run_until(SETTLED + 2 * HOUR)
+    names = [f"gpu-{i:03d}.sf1.internal" for i in range(1, 41)] + [f"jaguar-apiserver-{i}" for i in range(3)]
+    moved = [name for name in names if approver.prometheus_hashmod(name, shards) != 0]
+    assert moved   # 43 names, 4 shards: some leave shard 0
+    for name in names:
+        labels = quiet.cluster.get("nodes", name)["metadata"]["labels"]
+        assert labels[SHARD_NODE_LABEL] == str(approver.prometheus_hashmod(name, shards)), name
+    assert collections.Counter(quiet.requests(0, SETTLED)) == {
+        ("list", CSRS, "cache"): 1, ("list", "nodes", "cache"): 1, ("patch", "nodes", "write"): len(moved)}
+    assert set(quiet.requests(SETTLED, SETTLED + 2 * HOUR)) <= {("list", CSRS, "cache"), ("list", "nodes", "cache")}

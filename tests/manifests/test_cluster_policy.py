@@ -369,7 +369,8 @@ def test_prometheus_scrapes_kubelets_directly_with_the_cluster_ca(name):
     config = YAML(typ="safe", pure=True).load(files["prometheus-shard-0.yml"])
     kubelet = next(j for j in config["scrape_configs"] if j["job_name"] == "kubelet-cadvisor")
     assert kubelet["scheme"] == "https" and kubelet["metrics_path"] == "/metrics/cadvisor"
-    assert kubelet["kubernetes_sd_configs"] == [{"role": "node"}]
+    # Its node watch's selector (the shard's own nodes): tests/manifests/test_monitoring_discovery.py.
+    assert [sd["role"] for sd in kubelet["kubernetes_sd_configs"]] == ["node"]
     # The node's own address and kubelet port, verified against the cluster CA.
     assert kubelet["tls_config"] == {"ca_file": "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"}
     assert not any(r.get("target_label") in ("__address__", "__metrics_path__") for r in kubelet["relabel_configs"])
@@ -614,11 +615,20 @@ def node_with(labels: dict | None = None, annotations: dict | None = None, **spe
     return node
 
 
-def test_the_node_approver_may_change_only_its_two_labels():
-    labelled = node_with(labels={policy.POOL_NODE_LABEL: "gpu-h100-robotics", policy.TEAM_NODE_LABEL: "robotics"})
+def test_the_node_approver_may_change_only_its_three_labels():
+    from corral.manifests.monitoring import SHARD_NODE_LABEL
+
+    labelled = node_with(labels={policy.POOL_NODE_LABEL: "gpu-h100-robotics", policy.TEAM_NODE_LABEL: "robotics",
+                                 SHARD_NODE_LABEL: "3"})
     assert approver_admits(NODE, labelled) == (True, [])
     assert approver_admits(labelled, NODE) == (True, [])   # and remove them
+    # The monitoring shard alone (an API server's, a node of no pool), and moved to another shard.
+    assert approver_admits(NODE, node_with(labels={SHARD_NODE_LABEL: "0"})) == (True, [])
+    assert approver_admits(labelled, node_with(labels={**labelled["metadata"]["labels"], SHARD_NODE_LABEL: "1"})) \
+        == (True, [])
     for edit in ({"labels": {"corral.dev/pool": "other"}}, {"labels": {"kubernetes.io/hostname": "x"}},
+                 {"labels": {SHARD_NODE_LABEL: "1", "corral.dev/monitoring-shard": "1"}},
+                 {"labels": {"node-restriction.kubernetes.io/corral-other": "1"}},
                  {"annotations": {}}, {"taints": []}, {"unschedulable": True},
                  {"providerID": "aws:///us-east-1a/i-0"}):
         allowed, messages = approver_admits(NODE, node_with(**edit))

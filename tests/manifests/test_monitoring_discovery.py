@@ -4,10 +4,11 @@ A kubernetes_sd_config is one watch (Prometheus' discovery manager shares one
 discoverer between identical configs: discovery/manager.go registerProviders,
 reflect.DeepEqual). A pod watch is filtered by the API server as far as
 Prometheus lets it be (`selectors`: labelSelector and fieldSelector): only the
-exporter's own running pods, in the monitoring namespace. No selector can name
-a shard's hash share of the nodes (field selectors take no set operators;
-kubernetes/website field-selectors.md), so the node watch stays whole: one per
-server, shared by its per-node jobs.
+exporter's own running pods, in the monitoring namespace. A shard's node watch
+carries only its own nodes: corral-node-approver labels every node with its shard
+(`node-restriction.kubernetes.io/corral-monitoring-shard`, the hashmod of its name),
+and the shard's node watch selects that label's value (one per server, shared by
+its per-node jobs). DaemonSet pods carry no such label: their share stays hashmod's.
 """
 
 from __future__ import annotations
@@ -44,14 +45,16 @@ def watches(config: dict) -> list[dict]:
 
 
 @pytest.mark.parametrize("name", sorted(FLEET.clusters) + ["7500-nodes"])
-def test_each_shard_watches_only_running_exporter_pods_and_one_node_list(name, tmp_path):
+def test_each_shard_watches_only_running_exporter_pods_and_its_own_nodes(name, tmp_path):
     cluster = big(tmp_path) if name == "7500-nodes" else FLEET.clusters[name]
     gpu = any(pool.gpu for pool in cluster.node_pools)
     shards = monitoring.shard_count(cluster)
     for shard in range(shards):
         config = yaml.safe_load(monitoring.shard_config(cluster, gpu, shard, shards))
         found = watches(config)
-        assert [w for w in found if w["role"] == "node"] == [{"role": "node"}]
+        # The node list and watch of this shard's own nodes only, by the label the approver sets.
+        assert [w for w in found if w["role"] == "node"] == [{"role": "node", "selectors": [
+            {"role": "node", "label": f"node-restriction.kubernetes.io/corral-monitoring-shard={shard}"}]}]
         pod_watches = [w for w in found if w["role"] == "pod"]
         assert len(pod_watches) == (2 if gpu else 1)
         for watch in pod_watches:
@@ -68,3 +71,23 @@ def test_the_global_server_watches_only_the_default_namespace_endpoints(name):
     cluster = FLEET.clusters[name]
     config = yaml.safe_load(monitoring.global_config(cluster, monitoring.shard_count(cluster)))
     assert watches(config) == [{"role": "endpoints", "namespaces": {"names": ["default"]}}]
+
+
+def test_the_shard_node_watches_partition_the_nodes_and_keep_the_hashmod(tmp_path):
+    """Shard i selects label value i, for i in 0..S-1, and still keeps only its hashmod share
+    (a node whose label is stale is not scraped by a second shard)."""
+    cluster = big(tmp_path)
+    gpu = any(pool.gpu for pool in cluster.node_pools)
+    shards = monitoring.shard_count(cluster)
+    assert shards > 1
+    selected = []
+    for shard in range(shards):
+        config = yaml.safe_load(monitoring.shard_config(cluster, gpu, shard, shards))
+        (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "kubelet-cadvisor"]
+        (watch,) = job["kubernetes_sd_configs"]
+        selected.append(watch["selectors"][0]["label"].rsplit("=", 1)[1])
+        assert job["relabel_configs"][:2] == [
+            {"source_labels": ["__meta_kubernetes_node_name"], "modulus": shards, "target_label": "__tmp_shard",
+             "action": "hashmod"},
+            {"source_labels": ["__tmp_shard"], "regex": str(shard), "action": "keep"}]
+    assert selected == [str(i) for i in range(shards)]
