@@ -29,7 +29,12 @@ from dataclasses import dataclass
 from corral.model.render import dump_yaml
 from corral.model.schema import LABEL_DOMAIN, TEAM_TAINT_KEY, Cluster
 
-from .policy import CONTROL_PLANE_LABEL, GPU_PRESENT_LABEL, MONITORING_NAMESPACE, NODE_RESTRICTION_PREFIX
+from .policy import (
+    CONTROL_PLANE_LABEL,
+    GPU_PRESENT_LABEL,
+    MONITORING_NAMESPACE,
+    NODE_RESTRICTION_PREFIX,
+)
 
 SCRAPE_INTERVAL_SECONDS = 30
 # Usage rules run every minute; `corral usage` turns a count of their samples
