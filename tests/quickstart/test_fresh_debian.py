@@ -33,8 +33,9 @@ pytestmark = pytest.mark.quickstart
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTERS = sorted(p.stem for p in (REPO / "clusters").glob("*.yaml"))
-PLAN_FOOTER = re.compile(r"^(\d+) resources \((aws|gcp|azure)\), from the same program "
-                         r"`pulumi up -s (\w+)` runs$", re.M)
+# `corral plan`'s summary line, "heron (aws): 222 resources" (the run's terminal may add colour)
+PLAN_SUMMARY = re.compile(r"^(\w+) \((aws|gcp|azure)\): (\d+) resources$", re.M)
+ANSI_STYLE = re.compile(r"\x1b\[[0-9;]*m")
 # scripts/tiers.py's closing line, summed over the tiers
 TIERS_CLOSING = re.compile(r"^tests: (\d+) passed, (\d+) failed, (\d+) skipped$", re.M)
 #: per command; a first run here takes about 3 minutes each
@@ -82,7 +83,7 @@ def _record(name: str, **figures) -> None:
 
 def _assert_demo(demo, who: str) -> None:
     assert demo.returncode == 0, f"{who}: bash scripts/demo failed:\n{demo.output[-4000:]}"
-    footers = {m.group(3): m.group(2) for m in PLAN_FOOTER.finditer(demo.output)}
+    footers = {m.group(1): m.group(2) for m in PLAN_SUMMARY.finditer(ANSI_STYLE.sub("", demo.output))}
     assert sorted(footers) == CLUSTERS, (
         f"{who}: the demo did not print every cluster's plan: {footers}\n{demo.output[-3000:]}")
 
