@@ -22,7 +22,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from tests.health.fake_apiserver import FakeCluster, make_ca_and_cert
+from tests.health.fake_apiserver import FakeCluster, make_ca_and_cert, send_json
 
 CSR_PATH = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
 
@@ -53,12 +53,7 @@ class FakeCsrApiServer:
                 pass
 
             def _reply(self, code: int, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, code, body)
 
             def _handle(self) -> None:
                 server.requests.append((self.command, self.path))

@@ -73,6 +73,17 @@ def make_ca_and_cert(folder: Path, ip: str) -> tuple[Path, Path, Path]:
 
 
 @contextmanager
+def send_json(handler: BaseHTTPRequestHandler, code: int, body: dict) -> None:
+    """One JSON answer, the connection closed after it (the fakes' handlers share it)."""
+    data = json.dumps(body).encode()
+    handler.send_response(code)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.send_header("Connection", "close")
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
 def locked_nodes(state: Path):
     """The node list, locked; changes to it are saved on exit."""
     with open(f"{state}.lock", "a") as lock:
@@ -303,13 +314,7 @@ class FakeServer:
                 pass
 
             def _reply(self, code: int, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.send_header("Connection", "close")
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, code, body)
                 self.close_connection = True
 
             def _handle(self) -> None:
