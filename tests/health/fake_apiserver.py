@@ -72,7 +72,6 @@ def make_ca_and_cert(folder: Path, ip: str) -> tuple[Path, Path, Path]:
     return paths
 
 
-@contextmanager
 def send_json(handler: BaseHTTPRequestHandler, code: int, body: dict) -> None:
     """One JSON answer, the connection closed after it (the fakes' handlers share it)."""
     data = json.dumps(body).encode()
@@ -84,6 +83,7 @@ def send_json(handler: BaseHTTPRequestHandler, code: int, body: dict) -> None:
     handler.wfile.write(data)
 
 
+@contextmanager
 def locked_nodes(state: Path):
     """The node list, locked; changes to it are saved on exit."""
     with open(f"{state}.lock", "a") as lock:
