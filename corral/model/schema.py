@@ -30,6 +30,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from . import hosts as hostnames
+from .burn_in import BurnIn
 from .containerd import DEFAULT_CONTAINERD, package_version
 from .disks import DEFAULT_DISK_TYPE, DISK_TYPES, default_throughput, etcd_iops_floor
 from .gpu_catalog import GPU_MODELS, closest, gpu_machine
@@ -907,6 +908,7 @@ class Health(Spec):
 
     preflight: Preflight = Field(Preflight(), description="The node check new GPU nodes pass before taking work.")
     active: ActiveChecks = Field(ActiveChecks(), description="Periodic checks of idle GPU nodes.")
+    burn_in: BurnIn = Field(BurnIn(), description="The burn-in new and repaired GPU nodes pass before taking work.")
     xid: XidPolicy = Field(XidPolicy(), description="Which Xid errors are fatal and which degraded.")
     evict_on_fatal: bool = Field(
         True, description="Fatal faults evict pods (NoExecute); false: NoSchedule for every fault. Default true.",
