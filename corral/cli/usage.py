@@ -26,15 +26,16 @@ class Format(str, Enum):
     json = "json"
 
 
-def _end_time(until: str | None) -> float:
-    if until is None:
+def moment_or_exit(option: str, text: str | None) -> float:
+    """An ISO 8601 time with its offset given to `option` (`--until`, `--at`), as Unix seconds; None: now."""
+    if text is None:
         return time.time()
     try:
-        moment = datetime.fromisoformat(until)
+        moment = datetime.fromisoformat(text)
     except ValueError:
-        fail(f"--until {until!r}: write an ISO 8601 time with its offset, like 2026-11-23T00:00:00+00:00")
+        fail(f"{option} {text!r}: write an ISO 8601 time with its offset, like 2026-11-23T00:00:00+00:00")
     if moment.tzinfo is None:
-        fail(f"--until {until!r} has no UTC offset; add one (+00:00 or Z)")
+        fail(f"{option} {text!r} has no UTC offset; add one (+00:00 or Z)")
     return moment.timestamp()
 
 
@@ -65,7 +66,7 @@ def usage(
     url = prometheus or os.environ.get("CORRAL_PROMETHEUS_URL") or DEFAULT_PROMETHEUS
     try:
         window = parse_duration(since)
-        end = _end_time(until)
+        end = moment_or_exit("--until", until)
         result = measure(cluster, Prometheus(url), window, end)
         if chart is not None:
             draw_chart(result, chart)
