@@ -4,7 +4,7 @@ from typing import Annotated
 
 import typer
 
-from . import certs, diff, doctor, edit, etcd, fleet, infra, manifests, nodes, sites, upgrade, usage
+from . import capacity, certs, diff, doctor, edit, etcd, fleet, infra, manifests, nodes, sites, upgrade, usage
 from .common import CorralTyper, out, plain_warnings
 
 # add_completion gives --install-completion/--show-completion for bash, zsh,
@@ -52,6 +52,7 @@ manifests.register(app)
 upgrade.register(app)
 certs.register(app)
 usage.register(app)
+capacity.register(app)
 etcd.register(app)
 doctor.register(app)
 sites.register(app)
