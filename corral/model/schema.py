@@ -30,6 +30,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from . import hosts as hostnames
+from .auto_repair import AutoRepair
 from .burn_in import BurnIn
 from .containerd import DEFAULT_CONTAINERD, package_version
 from .disks import DEFAULT_DISK_TYPE, DISK_TYPES, default_throughput, etcd_iops_floor
@@ -916,6 +917,7 @@ class Health(Spec):
     remediation: Remediation = Field(
         Remediation(), description="What `corral nodes health --remediate` does, and its budget.",
     )
+    auto_repair: AutoRepair = Field(AutoRepair(), description="The in-cluster repair controller and its budgets.")
 
 
 class SecretReference(Spec):
