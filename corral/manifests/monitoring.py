@@ -276,10 +276,10 @@ def dcgm_series_per_gpu() -> int:
 # Namespace and node labels kube-state-metrics turns into metric labels
 # (`label_corral_dev_team`, ...): team for billing, pool/location/GPU model
 # for cost per pool and spotting failing GPUs by machine type, the node's
-# team for reserved-pool occupancy.
+# team for reserved-pool occupancy, the rack for `corral capacity` (usage/capacity.py).
 NAMESPACE_LABELS = (TEAM_TAINT_KEY,)
 NODE_LABELS = tuple(
-    f"{LABEL_DOMAIN}/{name}" for name in ("cluster", "pool", "provider", "location", "team", "gpu-model")
+    f"{LABEL_DOMAIN}/{name}" for name in ("cluster", "pool", "provider", "location", "team", "gpu-model", "rack")
 )
 
 
