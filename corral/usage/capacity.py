@@ -41,15 +41,26 @@ from dataclasses import asdict, dataclass, field
 
 from corral.manifests import monitoring
 from corral.model.gpu_catalog import GPU_MODELS, closest
-from corral.model.schema import PREFLIGHT_TAINT_KEY, UNHEALTHY_TAINT_KEY, Cluster
+from corral.model.schema import LABEL_DOMAIN, PREFLIGHT_TAINT_KEY, UNHEALTHY_TAINT_KEY, Cluster
 
 from .prometheus import Prometheus, PrometheusError
 from .report import NO_TEAM
 
-POOL = "label_corral_dev_pool"
-RACK = "label_corral_dev_rack"
-TEAM = monitoring.TEAM  # label_corral_dev_team: the team a node is reserved for
-MODEL = "label_corral_dev_gpu_model"
+
+def ksm_label(node_label: str) -> str:
+    """The metric label kube-state-metrics makes of a node label: `label_` and the key with every
+    character outside [a-zA-Z0-9_] turned into `_`, then snake-cased (kube-state-metrics
+    internal/store/utils.go: labelName, SanitizeLabelName, toSnakeCase)."""
+    sanitized = re.sub(r"[^a-zA-Z0-9_]", "_", node_label)
+    return "label_" + re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", sanitized).lower()
+
+
+# The node labels read here; each must be in monitoring.NODE_LABELS, the labels kube-state-metrics exports.
+NODE_LABELS = {name: f"{LABEL_DOMAIN}/{name}" for name in ("pool", "rack", "team", "gpu-model")}
+POOL = ksm_label(NODE_LABELS["pool"])
+RACK = ksm_label(NODE_LABELS["rack"])    # corral.dev/rack: on-prem pools with racks (model/hosts.py)
+TEAM = ksm_label(NODE_LABELS["team"])    # the team a node is reserved for
+MODEL = ksm_label(NODE_LABELS["gpu-model"])
 NO_RACK = ""  # a node without the corral.dev/rack label (cloud pools, on-prem pools without racks)
 
 # Kueue's topology levels corral uses (docs/scheduling.md): pool, rack, host;
