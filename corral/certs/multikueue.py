@@ -8,7 +8,10 @@ credential on each worker") runs, per worker:
    token for the worker's ServiceAccount `corral-multikueue-manager` from the
    TokenRequest API, bound to that Secret and valid for `ttl` (`kubectl
    create token --duration --bound-object-kind --bound-object-name`, as the
-   node runner's credential in corral/upgrade/credential.py). What the token
+   node runner's credential in corral/upgrade/credential.py; "The token will
+   expire when the object is deleted", and "the server may return a token
+   with a longer or shorter lifetime": kubernetes.io/docs/reference/kubectl/
+   generated/kubectl_create/kubectl_create_token/). What the token
    may do is the ClusterRole corral/manifests/multikueue.py renders on the
    worker (Kueue's documented rules, only for the job kinds the fleet file
    dispatches);
@@ -204,9 +207,10 @@ def put_in_store(location: StoreLocation, value: str, token: str, run: Runner = 
     every user of the machine can read in /proc); `token` is masked in any error.
     """
     if location.cloud == "aws":
-        # `file://` loads a parameter's value from a file (AWS CLI, "Loading AWS CLI
-        # parameters from a file"); put-secret-value adds a version, create-secret
-        # makes the secret (awscli reference, secretsmanager put-secret-value / create-secret).
+        # `file://` loads a parameter's value from a file (docs.aws.amazon.com/cli/latest/
+        # userguide/cli-usage-parameters-file.html); put-secret-value adds a version,
+        # create-secret makes the secret (awscli.amazonaws.com/v2/documentation/api/latest/
+        # reference/secretsmanager/create-secret.html).
         with _private_file(value) as path:
             given = f"file://{path}"
             result = run(["aws", "secretsmanager", "put-secret-value", "--secret-id", location.name,
@@ -226,8 +230,11 @@ def put_in_store(location: StoreLocation, value: str, token: str, run: Runner = 
                           "--replication-policy=automatic", f"--project={location.scope}", "--format=json"], value)
         _checked(result, f"writing {location}", token)
     elif location.cloud == "azure":
-        # `az keyvault secret set --vault-name V --name N --file F` sets a new version
-        # (creating the secret); `--encoding utf-8` stores the file's text as it is.
+        # `az keyvault secret set --vault-name V --name N --file F` sets a new version,
+        # creating the secret the first time (Key Vault Set Secret: "If the named secret
+        # already exists, Azure Key Vault creates a new version", learn.microsoft.com/rest/
+        # api/keyvault/setsecret); `--encoding utf-8` stores the file's text as it is
+        # (said explicitly: docs.rs/secretenv-backend-azure warns of a base64 reading).
         with _private_file(value) as path:
             result = run(["az", "keyvault", "secret", "set", "--vault-name", location.scope, "--name",
                           location.name, "--file", str(path), "--encoding", "utf-8", "--output", "none"])
