@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from corral.health import baselines
+from corral.health.repair_protocol import BURN_IN_TAINT
 from corral.machine import gpu_preflight as preflight
 from corral.model.schema import PREFLIGHT_TAINT_KEY, UNHEALTHY_TAINT_KEY, CloudPool, Cluster
 
@@ -41,16 +43,22 @@ def agent_config(cluster: Cluster) -> dict:
             continue
         cloud = isinstance(pool, CloudPool)
         roce = getattr(pool, "roce", None)
+        published = baselines.baseline(pool.gpu.model, pool.gpu.count)
         pools[pool.name] = {
+            "gpu_model": pool.gpu.model,
             "gpu_count": pool.gpu.count,
             "nvlink": pool.gpu.fabric_manager,
             "roce_interfaces": list(roce.interfaces) if roce else [],
             # Cloud nodes have no Ansible run: the agent runs their preflight.
             "run_preflight": cloud and health.preflight.enabled,
             "preflight_script": preflight_script_name(pool.name) if cloud and health.preflight.enabled else None,
-            # nccl-tests on one node, every GPU: 1 GiB all-reduce (runs only where installed).
-            "nccl_command": ["all_reduce_perf", "-b", "1G", "-e", "1G", "-g", str(pool.gpu.count)],
+            # nccl-tests on one node, every GPU: 1 GiB all-reduce, the size the baselines are read at.
+            "nccl_command": ["all_reduce_perf", "-b", baselines.MESSAGE_BYTES, "-e", baselines.MESSAGE_BYTES,
+                             "-g", str(pool.gpu.count)],
             "nccl_min_bus_gbps": health.active.nccl_min_bus_gbps,
+            # What the burn-in holds the pool's nodes to (corral/health/baselines.py).
+            "burn_in": {"baseline_gbps": published.bus_gbps if published else None,
+                        "min_bus_gbps": health.burn_in.nccl_min_bus_gbps.get(pool.gpu.model)},
         }
     return {
         "fatal_xids": sorted(health.xid.fatal),
@@ -62,12 +70,16 @@ def agent_config(cluster: Cluster) -> dict:
         "resync_seconds": RESYNC_SECONDS,
         "active": {"enabled": health.active.enabled, "interval_seconds": health.active.interval_hours * 3600,
                    "dcgm_level": health.active.dcgm_level},
+        # Admission after a join or a repair (docs/gpu-health.md, "Burn-in before readmission").
+        "burn_in": {"enabled": health.burn_in.enabled, "dcgm_level": health.burn_in.dcgm_level,
+                    "min_percent": health.burn_in.nccl_min_percent_of_baseline,
+                    "timeout_seconds": health.burn_in.timeout_minutes * 60},
         # DCGM and nccl-tests are host programs: run them in the host's
         # namespaces (the pod has hostPID and is privileged).
         "host_command": HOST_COMMAND,
         "kernel_log": "/dev/kmsg",
         "infiniband_sysfs": "/sys/class/infiniband",
-        "taints": {"preflight": PREFLIGHT_TAINT_KEY, "unhealthy": UNHEALTHY_TAINT_KEY},
+        "taints": {"preflight": PREFLIGHT_TAINT_KEY, "unhealthy": UNHEALTHY_TAINT_KEY, "burn_in": BURN_IN_TAINT},
         "pools": pools,
     }
 

@@ -59,6 +59,17 @@ PREFLIGHT_TAINT = "corral.dev/preflight"
 UNHEALTHY_TAINT = "corral.dev/unhealthy"
 POOL_LABEL = "corral.dev/pool"
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+# The repair protocol with the repair controller (corral/health/repair_protocol.py; copied: this
+# file runs alone beside classify.py, and tests check the two agree).
+REPAIR_ANNOTATION = "corral.dev/repair"
+REPAIR_STATUS_ANNOTATION = "corral.dev/repair-status"
+BURN_IN_ANNOTATION = "corral.dev/burn-in"
+BURN_IN_TAINT = "corral.dev/burn-in"
+RESET, REBOOT = "reset", "reboot"
+JOIN_BURN_IN_ID = "join"
+ACTIVE_CHECK_FENCE = "active-check"        # the preflight taint's value while an active check runs
+# A reboot asked for and not seen (the boot id unchanged) after this long has failed.
+REBOOT_GRACE_SECONDS = 900
 
 
 # --- the decisions (pure) -------------------------------------------------
@@ -76,11 +87,14 @@ def current_verdict(verdict: dict | None, boot_id: str | None) -> dict | None:
     return verdict
 
 
-def plan(node: dict, verdict: dict | None, faults: list, evict_on_fatal: bool, stamp: str) -> dict:
+def plan(node: dict, verdict: dict | None, faults: list, evict_on_fatal: bool, stamp: str,
+         hold_preflight: bool = False) -> dict:
     """What to write to the node: {"conditions": [...], "taints": [...] or None, "events": [...]}.
 
     `taints` is None when they stay as they are. Conditions keep their last
-    transition time unless their status changes.
+    transition time unless their status changes. `hold_preflight`: a passing
+    verdict does not lift the preflight taint (the node's burn-in has not
+    passed: admission waits for it, and the burn-in lifts the taint).
     """
     old_conditions = {c["type"]: c for c in node.get("status", {}).get("conditions", [])}
     wanted: dict[str, tuple[str, str, str]] = dict(classify.conditions(faults))
@@ -107,7 +121,8 @@ def plan(node: dict, verdict: dict | None, faults: list, evict_on_fatal: bool, s
     taints = list(node.get("spec", {}).get("taints", []) or [])
     new = [t for t in taints if t.get("key") != UNHEALTHY_TAINT]
     if verdict is not None and verdict.get("passed"):
-        new = [t for t in new if t.get("key") != PREFLIGHT_TAINT]
+        if not hold_preflight:
+            new = [t for t in new if t.get("key") != PREFLIGHT_TAINT]
     elif verdict is not None and not any(t.get("key") == PREFLIGHT_TAINT for t in new):
         # This boot's preflight failed on a node without the taint (rebooted
         # by hand, or lifted before a remediation's reboot): behind it again.
@@ -129,18 +144,57 @@ def plan(node: dict, verdict: dict | None, faults: list, evict_on_fatal: bool, s
     return {"conditions": conditions, "taints": None if same else new, "events": events}
 
 
-def sticky_faults(state: dict | None, boot_id: str, fresh: list) -> tuple[dict, list]:
-    """Kernel-log faults of this boot, old and new (the ring buffer forgets; the node does not heal)."""
-    # A copy: the caller compares the new state with the old one to decide whether to write it.
-    kept = list(state.get("faults", [])) if state and state.get("boot_id") == boot_id else []
-    seen = {(f["condition"], f["reason"]) for f in kept}
+def sticky_faults(state: dict | None, boot_id: str, fresh: list, where: dict | None = None) -> tuple[dict, list]:
+    """Kernel-log faults of this boot, old and new (the ring buffer forgets; the node does not heal).
+
+    `where`: fault reason -> the PCI addresses it was reported on (kept, so a GPU reset knows which
+    GPU to reset). The state also keeps this boot's GPU resets (`resets`: see after_reset)."""
+    same_boot = bool(state) and state.get("boot_id") == boot_id
+    # Copies: the caller compares the new state with the old one to decide whether to write it.
+    kept = [dict(f) for f in state.get("faults", [])] if same_boot else []
+    by_key = {(f["condition"], f["reason"]): f for f in kept}
     for fault in fresh:
-        if (fault.condition, fault.reason) not in seen:
-            kept.append({"condition": fault.condition, "reason": fault.reason, "message": fault.message,
-                         "severity": fault.severity})
-            seen.add((fault.condition, fault.reason))
+        entry = by_key.get((fault.condition, fault.reason))
+        if entry is None:
+            entry = {"condition": fault.condition, "reason": fault.reason, "message": fault.message,
+                     "severity": fault.severity}
+            kept.append(entry)
+            by_key[(fault.condition, fault.reason)] = entry
+        pcis = (where or {}).get(fault.reason)
+        if pcis:
+            entry["pcis"] = sorted(set(entry.get("pcis", [])) | set(pcis))
     faults = [classify.Fault(f["condition"], f["reason"], f["message"], f["severity"]) for f in kept]
-    return {"boot_id": boot_id, "faults": kept}, faults
+    new_state = {"boot_id": boot_id, "faults": kept}
+    if same_boot and state.get("resets"):
+        new_state["resets"] = dict(state["resets"])
+    return new_state, faults
+
+
+def after_reset(state: dict | None, boot_id: str, reset_pcis: list[str], usec: int) -> dict:
+    """The kernel-log fault state after a successful reset of the GPUs at `reset_pcis`: a new epoch
+    for each of them. Their Xid faults are dropped, and their kernel-log lines from before `usec`
+    (the kernel log's time since boot at the reset) are not read as faults again; other GPUs' and
+    other kinds of faults stand."""
+    keys = {classify.pci_key(p) for p in reset_pcis}
+    same_boot = bool(state) and state.get("boot_id") == boot_id
+    resets = dict(state.get("resets", {})) if same_boot else {}
+    resets.update({key: usec for key in keys})
+    kept = [dict(f) for f in (state.get("faults", []) if same_boot else [])
+            if not (f["reason"].startswith("Xid") and f.get("pcis")
+                    and {classify.pci_key(p) for p in f["pcis"]} <= keys)]
+    return {"boot_id": boot_id, "faults": kept, "resets": resets}
+
+
+def xid_codes(state: dict | None) -> list[int]:
+    """The Xids of the kernel-log fault state."""
+    return sorted(int(f["reason"][3:]) for f in (state or {}).get("faults", [])
+                  if f["reason"].startswith("Xid") and f["reason"][3:].isdigit())
+
+
+def faulted_gpus(state: dict | None) -> list[str]:
+    """The PCI addresses the kernel log named in this boot's Xid faults."""
+    return sorted({p for f in (state or {}).get("faults", []) if f["reason"].startswith("Xid")
+                   for p in f.get("pcis", [])})
 
 
 def active_check_due(node: dict, pods: list, state: dict | None, now_epoch: float, active: dict) -> tuple[bool, str]:
@@ -155,7 +209,7 @@ def active_check_due(node: dict, pods: list, state: dict | None, now_epoch: floa
     if last is not None and now_epoch - last < active["interval_seconds"]:
         return False, "checked recently"
     keys = {t.get("key") for t in node.get("spec", {}).get("taints") or []}
-    if UNHEALTHY_TAINT in keys or PREFLIGHT_TAINT in keys:
+    if keys & {UNHEALTHY_TAINT, PREFLIGHT_TAINT, BURN_IN_TAINT}:
         return False, "already out of service (tainted)"
     if node.get("spec", {}).get("unschedulable"):
         return False, "cordoned"
@@ -178,6 +232,95 @@ def active_faults_of_boot(state: dict | None, boot_id: str) -> list:
     if not state or state.get("boot_id") != boot_id:
         return []
     return [classify.Fault(f["condition"], f["reason"], f["message"], f["severity"]) for f in state["faults"]]
+
+
+def json_annotation(node: dict | None, key: str) -> dict | None:
+    """A JSON-valued annotation of the node, or None (absent, or not a JSON object)."""
+    text = ((node or {}).get("metadata", {}).get("annotations") or {}).get(key)
+    try:
+        value = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def repair_step(request: dict | None, record: dict | None, boot_id: str, now_epoch: float) -> str:
+    """What the agent does about the controller's repair request, given its own record of it
+    (repair.json, beside the preflight verdict on the host: it outlives the agent and a reboot):
+
+    - "none": no request the agent carries out (none, another action, or no id);
+    - "report": the request was carried out already (its id is in the record as done or
+      failed): not again, only make sure the node says so;
+    - "reset" / "reboot": carry it out now;
+    - "rebooted": the reboot asked for happened (the boot id changed): done;
+    - "wait": the reboot was asked for in this boot and has not happened yet (an agent restarted
+      while the host shuts down must not ask again);
+    - "reboot-timed-out": asked for REBOOT_GRACE_SECONDS ago in this same boot: failed.
+    """
+    if not request or request.get("action") not in (RESET, REBOOT) or not request.get("id"):
+        return "none"
+    mine = record if record and record.get("id") == request["id"] else None
+    if mine is None:
+        return request["action"]
+    if mine.get("state") in ("done", "failed"):
+        return "report"
+    if mine.get("action") == REBOOT:
+        if mine.get("boot_id") != boot_id:
+            return "rebooted"
+        if now_epoch - float(mine.get("started", now_epoch)) > REBOOT_GRACE_SECONDS:
+            return "reboot-timed-out"
+        return "wait"
+    return request["action"]      # a reset interrupted by an agent restart: a reset may be done again
+
+
+def burn_in_due(node: dict, record: dict | None) -> str | None:
+    """The id of the burn-in the node needs now, or None.
+
+    After a repair the agent carried out (its record says done for the controller's current
+    request): that repair's id, until the node carries a finished burn-in of it. A new node
+    (behind the preflight taint, with no burn-in yet, or one an agent restart interrupted):
+    JOIN_BURN_IN_ID. A finished burn-in is not repeated: a failed one stays failed until a new
+    repair (or a person deletes the annotation)."""
+    burn = json_annotation(node, BURN_IN_ANNOTATION)
+    request = json_annotation(node, REPAIR_ANNOTATION)
+    if request and record and record.get("id") == request.get("id") and record.get("state") == "done":
+        finished = burn and burn.get("id") == request["id"] and burn.get("result") in ("passed", "failed")
+        return None if finished else request["id"]
+    behind_preflight = any(t.get("key") == PREFLIGHT_TAINT and t.get("value") != ACTIVE_CHECK_FENCE
+                           for t in node.get("spec", {}).get("taints") or [])
+    if behind_preflight and (burn is None or (burn.get("id") == JOIN_BURN_IN_ID and burn.get("result") == "running")):
+        return JOIN_BURN_IN_ID
+    return None
+
+
+def holds_preflight(node: dict, burn_in: dict) -> bool:
+    """Whether admission still waits for a burn-in: with burn-in on, the preflight taint stays
+    until the node's last burn-in passed (a pass of the preflight alone does not admit it)."""
+    burn = json_annotation(node, BURN_IN_ANNOTATION)
+    return bool(burn_in.get("enabled")) and not (burn and burn.get("result") == "passed")
+
+
+def burn_in_taints(taints: list, result: str, join: bool) -> list:
+    """The node's taints for a burn-in that is running, passed or failed: pending and failed keep
+    corral.dev/burn-in on the node; a pass lifts it and corral.dev/unhealthy (the fault is repaired
+    and proven so), and at join the preflight taint too (the burn-in was the last step of admission)."""
+    kept = [t for t in taints if t.get("key") != BURN_IN_TAINT]
+    if result == "passed":
+        lifted = {UNHEALTHY_TAINT} | ({PREFLIGHT_TAINT} if join else set())
+        return [t for t in kept if t.get("key") not in lifted]
+    return kept + [{"key": BURN_IN_TAINT, "value": "pending" if result == "running" else "failed",
+                    "effect": "NoSchedule"}]
+
+
+def compute_apps_on(apps_csv: str, pci_keys: set[str]) -> list[str]:
+    """`nvidia-smi --query-compute-apps=pid,gpu_bus_id --format=csv,noheader,nounits` -> the pids
+    holding one of these GPUs (pci_key form)."""
+    pids = []
+    for line in apps_csv.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) == 2 and classify.pci_key(fields[1]) in pci_keys:
+            pids.append(fields[0])
+    return pids
 
 
 # --- the node (impure) ------------------------------------------------------
@@ -276,9 +419,12 @@ def rdma_links_from_sysfs(root: str = "/sys/class/infiniband") -> list[dict] | N
 def kernel_log_faults(config: dict, lines: list[str], state: dict | None, boot_id: str) -> tuple[dict, list]:
     """This boot's kernel-log faults: those in the state file and those in `lines`."""
     lines = classify.kernel_lines(lines)
-    fresh = classify.xid_faults(classify.xid_events(lines), set(config["fatal_xids"]), set(config["degraded_xids"]))
+    resets = state.get("resets", {}) if state and state.get("boot_id") == boot_id else {}
+    events = classify.since_reset(classify.xid_events(lines), resets)
+    fresh = classify.xid_faults(events, set(config["fatal_xids"]), set(config["degraded_xids"]))
     fresh += classify.pcie_faults(lines)
-    return sticky_faults(state, boot_id, fresh)
+    where = {f"Xid{code}": sorted({e.pci for e in events if e.code == code}) for code in {e.code for e in events}}
+    return sticky_faults(state, boot_id, fresh, where)
 
 
 def device_faults(config: dict, pool: dict) -> list:
@@ -711,7 +857,8 @@ class Agent:
         self.awaiting_rv = None
         pool, boot_id, verdict, faults, active, active_path = self.local
         stamp = now(self.clock.time())
-        update = plan(self.node, verdict, faults, self.config["evict_on_fatal"], stamp)
+        hold = holds_preflight(self.node, self.config.get("burn_in") or {})
+        update = plan(self.node, verdict, faults, self.config["evict_on_fatal"], stamp, hold_preflight=hold)
         if update["taints"] is not None:
             self._wrote(patch_taints(self.api, self.node, update["taints"]))
         if conditions_differ(self.node, update["conditions"]):
@@ -719,6 +866,13 @@ class Agent:
                                       {"status": {"conditions": update["conditions"]}},
                                       "application/strategic-merge-patch+json"))
         self.events.emit(update["events"])
+        if self.repair(boot_id):
+            self.observe()      # a reset's new epoch: the faults as they are now, before the burn-in
+            if self.local is None:
+                return
+            pool, boot_id, verdict, faults, active, active_path = self.local
+        if self.burn_in(pool, boot_id, verdict, faults, active, active_path):
+            return
         if not faults and verdict is not None and verdict.get("passed") and self.pods_synced:
             self.active_check(pool, active, active_path, boot_id)
 
@@ -735,7 +889,7 @@ class Agent:
         # No GPU pod may land while the GPUs burn: the preflight taint (one of
         # the two the agent may set) fences the node for the test's minutes.
         taints = list(self.node.get("spec", {}).get("taints") or [])
-        fence = {"key": PREFLIGHT_TAINT, "value": "active-check", "effect": "NoSchedule",
+        fence = {"key": PREFLIGHT_TAINT, "value": ACTIVE_CHECK_FENCE, "effect": "NoSchedule",
                  "timeAdded": now(self.clock.time())}
         self._wrote(patch_taints(self.api, self.node, taints + [fence]))
         try:
@@ -760,11 +914,173 @@ class Agent:
             # consistent read); a failure is tainted corral.dev/unhealthy next.
             node = self.api.call("GET", f"/api/v1/nodes/{self.node_name}")
             left = [t for t in node.get("spec", {}).get("taints") or []
-                    if not (t.get("key") == PREFLIGHT_TAINT and t.get("value") == "active-check")]
+                    if not (t.get("key") == PREFLIGHT_TAINT and t.get("value") == ACTIVE_CHECK_FENCE)]
             if len(left) != len(node.get("spec", {}).get("taints") or []):
                 self._wrote(patch_taints(self.api, node, left))
             # What changed meanwhile (the check's state file) is looked at now, not in a round.
             self.observe()
+
+    # -- repairs and burn-in (issue 27; docs/gpu-health.md) -------------------------------
+
+    def _state_path(self, name: str) -> str:
+        """A file of the agent's own state beside the preflight verdict (a hostPath: it outlives
+        the pod and the boot)."""
+        return os.path.join(os.path.dirname(self.config["verdict_path"]), name)
+
+    def _annotate(self, key: str, value: dict) -> None:
+        """Write one of the agent's annotations (a merge patch: no other key changes)."""
+        self._wrote(self.api.call("PATCH", f"/api/v1/nodes/{self.node_name}",
+                                  {"metadata": {"annotations": {key: json.dumps(value, sort_keys=True)}}},
+                                  "application/merge-patch+json"))
+
+    def _report_repair(self, record: dict) -> None:
+        status = {"id": record["id"], "state": record["state"], "detail": record["detail"][:1000],
+                  "at": record["at"]}
+        if json_annotation(self.node, REPAIR_STATUS_ANNOTATION) != status:
+            self._annotate(REPAIR_STATUS_ANNOTATION, status)
+            if record["state"] != "running":
+                self.events.emit([("Normal" if record["state"] == "done" else "Warning",
+                                   "GPURepairDone" if record["state"] == "done" else "GPURepairFailed",
+                                   f"{record['action']} {record['id']}: {record['detail']}")])
+
+    def repair(self, boot_id: str) -> bool:
+        """Carry out the controller's reset or reboot of this node, once per request id (see
+        repair_step); whether the node's local state changed (look again before burning in)."""
+        path = self._state_path("repair.json")
+        record = read_json(path)
+        request = json_annotation(self.node, REPAIR_ANNOTATION)
+        step = repair_step(request, record, boot_id, self.clock.time())
+        if step in ("none", "wait"):
+            return False
+        if step == "report":
+            self._report_repair(record)
+            return False
+        stamp = now(self.clock.time())
+        if step == "rebooted":
+            record = dict(record, state="done", at=stamp,
+                          detail=f"rebooted: boot {record['boot_id'][:8]} is now {boot_id[:8]}")
+        elif step == "reboot-timed-out":
+            record = dict(record, state="failed", at=stamp,
+                          detail=f"the host did not reboot within {REBOOT_GRACE_SECONDS} s of systemctl reboot")
+        elif step == REBOOT:
+            record = {"id": request["id"], "action": REBOOT, "state": "running", "boot_id": boot_id,
+                      "started": self.clock.time(), "detail": "rebooting the host", "at": stamp}
+            # Recorded and reported before the reboot: after it, the new boot id says it happened.
+            write_json(path, record)
+            self._report_repair(record)
+            result = run_on_host(self.config, ["systemctl", "reboot"], timeout=60)
+            if result is not None and result[0] == 0:
+                return False            # the host goes down; the next boot's agent reports done
+            record = dict(record, state="failed", at=now(self.clock.time()),
+                          detail="systemctl reboot: " + ("not found on the host" if result is None
+                                                         else f"exit {result[0]}"))
+        else:
+            record = {"id": request["id"], "action": RESET, "state": "running", "boot_id": boot_id,
+                      "detail": "resetting the faulted GPUs", "at": stamp}
+            write_json(path, record)
+            self._report_repair(record)
+            state, detail = self.reset_gpus(boot_id)
+            record = dict(record, state=state, detail=detail, at=now(self.clock.time()))
+        write_json(path, record)
+        self._report_repair(record)
+        return True
+
+    def reset_gpus(self, boot_id: str) -> tuple[str, str]:
+        """`nvidia-smi -r -i N` for each GPU this boot's Xids named, when the Xids allow it and no
+        process holds the GPU: ("done" | "failed", why). nvidia-smi -h (driver 535): -r/--gpu-reset
+        "Trigger reset of the GPU", -i/--id "Target a specific GPU"; --query-compute-apps lists
+        "currently active compute processes"."""
+        state_path = self._state_path("faults.json")
+        state = read_json(state_path)
+        state = state if state and state.get("boot_id") == boot_id else None
+        gone = [f for f in self.device_faults if f.condition == classify.GPU_MISSING_CONDITION]
+        if gone:
+            return "failed", f"{gone[0].message}: a GPU off the bus needs a reboot, not a reset"
+        refusal = classify.reset_refusal(xid_codes(state))
+        if refusal:
+            return "failed", refusal
+        targets = faulted_gpus(state)
+        if not targets:
+            return "failed", "no Xid of this boot names a GPU: a reset must know which GPU (reboot instead)"
+        keys = {classify.pci_key(p) for p in targets}
+        listed = run_on_host(self.config, ["nvidia-smi", "--query-gpu=index,pci.bus_id",
+                                           "--format=csv,noheader,nounits"], timeout=60)
+        if listed is None or listed[0] != 0:
+            return "failed", "nvidia-smi did not list the GPUs: not reset blind"
+        index = {}
+        for line in listed[1].splitlines():
+            fields = [f.strip() for f in line.split(",")]
+            if len(fields) == 2:
+                index[classify.pci_key(fields[1])] = fields[0]
+        absent = sorted(keys - set(index))
+        if absent:
+            return "failed", f"the GPU at {', '.join(absent)} is not visible to nvidia-smi: a reboot is needed"
+        apps = run_on_host(self.config, ["nvidia-smi", "--query-compute-apps=pid,gpu_bus_id",
+                                         "--format=csv,noheader,nounits"], timeout=60)
+        if apps is None or apps[0] != 0:
+            return "failed", "nvidia-smi did not list the processes on the GPUs: not reset blind"
+        holders = compute_apps_on(apps[1], keys)
+        if holders:
+            return "failed", f"processes {', '.join(holders[:5])} hold the GPU: no reset under a running process"
+        gpus = sorted((index[key] for key in keys), key=lambda i: int(i) if i.isdigit() else 0)
+        for gpu in gpus:
+            result = run_on_host(self.config, ["nvidia-smi", "-r", "-i", gpu], timeout=300)
+            if result is None or result[0] != 0:
+                said = "" if result is None else result[1].strip()[:200]
+                return "failed", f"nvidia-smi -r -i {gpu}: " + (f"exit {result[0]} {said}".strip() if result
+                                                               else "not found on the host")
+        # The kernel log's clock (/dev/kmsg stamps records with the monotonic clock since boot).
+        usec = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1_000_000)
+        write_json(state_path, after_reset(state, boot_id, targets, usec))
+        return "done", f"reset GPU {', '.join(gpus)} ({', '.join(targets)})"
+
+    def burn_in(self, pool: dict, boot_id: str, verdict: dict | None, faults: list, active: dict | None,
+                active_path: str) -> bool:
+        """Burn the node in when it needs it (burn_in_due): behind corral.dev/burn-in=pending, DCGM at
+        the cluster file's level and the one-node all-reduce against the pool's baseline; the result
+        in the corral.dev/burn-in annotation, the taint lifted only on a pass. Whether it ran."""
+        settings = self.config.get("burn_in") or {}
+        if not settings.get("enabled"):
+            return False
+        burn_id = burn_in_due(self.node, read_json(self._state_path("repair.json")))
+        if burn_id is None or verdict is None:
+            return False        # nothing due, or this boot's preflight has not spoken yet
+        join = burn_id == JOIN_BURN_IN_ID
+        level = int(settings["dcgm_level"])
+        if faults or not verdict.get("passed"):
+            if join:
+                return False    # the preflight and the fault taints hold a new node; burn in once they clear
+            why = faults[0].message if faults else f"preflight {verdict.get('reason')}: {verdict.get('message')}"
+            self._finish_burn_in({"id": burn_id, "result": "failed", "dcgmLevel": level, "dcgm": "not run",
+                                  "busBwGBps": None, "baselineGBps": None, "percent": None,
+                                  "detail": f"not burned in: the repair left a fault: {why}"[:1000]}, join)
+            return True
+        running = {"id": burn_id, "result": "running", "dcgmLevel": level, "at": now(self.clock.time())}
+        self._wrote(patch_taints(self.api, self.node, burn_in_taints(self.node["spec"].get("taints") or [],
+                                                                     "running", join)))
+        self._annotate(BURN_IN_ANNOTATION, running)
+        timeout = int(settings["timeout_seconds"])
+        diag = run_on_host(self.config, ["dcgmi", "diag", "-r", str(level), "-j"], timeout=timeout)
+        nccl = run_on_host(self.config, pool["nccl_command"], timeout=timeout) if pool["gpu_count"] > 1 else None
+        result = classify.burn_in_verdict(diag, nccl, pool, level, float(settings["min_percent"]))
+        self._finish_burn_in(dict(result, id=burn_id), join)
+        if result["result"] == "passed":
+            # The burn-in was a longer active check: the next idle one is due a full interval later.
+            write_json(active_path, active_state(active, boot_id, self.clock.time(), []))
+        return True
+
+    def _finish_burn_in(self, result: dict, join: bool) -> None:
+        result = dict(result, at=now(self.clock.time()))
+        # Minutes passed: the node as it is now (one consistent read), then only the agent's taint.
+        node = self.api.call("GET", f"/api/v1/nodes/{self.node_name}")
+        taints = node.get("spec", {}).get("taints") or []
+        wanted = burn_in_taints(taints, result["result"], join)
+        if wanted != taints:
+            self._wrote(patch_taints(self.api, node, wanted))
+        self._annotate(BURN_IN_ANNOTATION, result)
+        passed = result["result"] == "passed"
+        self.events.emit([("Normal" if passed else "Warning", "GPUBurnInPassed" if passed else "GPUBurnInFailed",
+                           f"burn-in {result['id']}: {result['detail']}")])
 
     # -- the loop ------------------------------------------------------------------------
 

@@ -133,6 +133,7 @@ class XidEvent:
     pci: str
     code: int
     text: str
+    usec: int | None = None   # the /dev/kmsg record's time since boot; None in saved logs without the prefix
 
 
 # A /dev/kmsg record's prefix, "prio,seq,usec,flags;" (the kernel's
@@ -140,7 +141,7 @@ class XidEvent:
 # "it is not possible to inject messages from userspace with the facility
 # number LOG_KERN (0)": a record of another facility was written by a process
 # (a pod that can write the host's /dev/kmsg), not by the driver.
-KMSG_PREFIX = re.compile(r"^(?P<prio>\d+),\d+,\d+,[^;]*;")
+KMSG_PREFIX = re.compile(r"^(?P<prio>\d+),\d+,(?P<usec>\d+),[^;]*;")
 
 
 def from_userspace(line: str) -> bool:
@@ -166,8 +167,42 @@ def xid_events(lines) -> list[XidEvent]:
     for line in lines:
         match = XID_LINE.search(line)
         if match:
-            events.append(XidEvent(match["pci"].lower(), int(match["code"]), match["text"].strip()))
+            prefix = KMSG_PREFIX.match(line)
+            events.append(XidEvent(match["pci"].lower(), int(match["code"]), match["text"].strip(),
+                                   int(prefix["usec"]) if prefix else None))
     return events
+
+
+def pci_key(address: str) -> str:
+    """bus:device of a PCI address, however it is written: the kernel's Xid line says
+    "0000:2b:00" or "PCI:0000:2b:00", nvidia-smi's pci.bus_id "00000000:2B:00.0"."""
+    parts = address.lower().removeprefix("pci:").split(":")
+    return ":".join(p.split(".")[0] for p in parts[-2:]) if len(parts) >= 2 else address.lower()
+
+
+def since_reset(events: list[XidEvent], resets: dict[str, int]) -> list[XidEvent]:
+    """The events that are not older than their GPU's last reset (`resets`: pci_key -> the kernel
+    log's time since boot, usec, at the reset). A reset GPU starts a new epoch: what it reported
+    before is gone with its state. A line without a time (a saved log) on a reset GPU cannot be
+    placed after the reset and counts as before it."""
+    return [e for e in events
+            if pci_key(e.pci) not in resets or (e.usec is not None and e.usec > resets[pci_key(e.pci)])]
+
+
+def reset_refusal(codes) -> str | None:
+    """Why a GPU reset would not clear these Xids, or None when it would. By the catalog's immediate
+    action (XID_CATALOG above): RESTART_BM (Xid 79, the GPU is off the bus) needs a power cycle, not a
+    reset; RESET_GPU and the Xid 48 and NVLink workflows are cleared by one; the held Xids wait for one
+    (HELD_FOR_RESET_XIDS). Xids outside the catalog: not known to be cleared by a reset."""
+    refused = []
+    for code in sorted(set(codes)):
+        kind = xid_class(code) if code in XID_CATALOG else "unknown"
+        if kind == "node-restart":
+            refused.append(f"Xid {code} ({XID_CATALOG[code][0]}) needs a reboot: NVIDIA's catalog says "
+                           f"{XID_CATALOG[code][1]}")
+        elif kind == "unknown":
+            refused.append(f"Xid {code} is not in NVIDIA's catalog: a reset is not known to clear it")
+    return "; ".join(refused) or None
 
 
 def xid_faults(events: list[XidEvent], fatal: set[int], degraded: set[int]) -> list[Fault]:
@@ -357,3 +392,90 @@ def conditions(faults: list[Fault]) -> dict[str, tuple[str, str, str]]:
             mine.sort(key=lambda f: f.severity != FATAL)
             out[condition] = ("True", mine[0].reason, "; ".join(f.message for f in mine)[:1000])
     return out
+
+
+# --- burn-in before readmission ---------------------------------------------------
+
+# nccl-tests' summary lines (NVIDIA/nccl-tests src/util.cu): "# Out of bounds values : 0 OK" and
+# "# Avg bus bandwidth    : 187.223" (GB/s, %g). A run is read only when both are there and the
+# first says 0: a wrong result is no result.
+NCCL_WRONG_LINE = re.compile(r"^#\s*Out of bounds values\s*:\s*(?P<wrong>\d+)", re.M)
+TIMED_OUT = 124   # run_on_host's exit status for a program it stopped at its timeout (timeout(1)'s)
+
+
+def dcgm_verdict(diag: tuple[int, str] | None, level: int) -> str:
+    """`dcgmi diag -r level -j` as "pass" or "fail: why": anything short of a clean pass is a fail."""
+    if diag is None:
+        return "fail: dcgmi is not installed on the host"
+    status, output = diag
+    if status == TIMED_OUT:
+        return f"fail: dcgmi diag -r {level} did not finish in time"
+    try:
+        failed = dcgm_diag_failures(output)
+    except ValueError:
+        return f"fail: dcgmi diag -r {level} exit {status} without a JSON report"
+    if failed:
+        return "fail: " + "; ".join(failed)[:400]
+    if status != 0:
+        return f"fail: dcgmi diag -r {level} exit {status}"
+    return "pass"
+
+
+def nccl_bus_bandwidth(nccl: tuple[int, str] | None) -> tuple[float | None, str]:
+    """(busbw GB/s, "") of a clean all_reduce_perf run, else (None, why not)."""
+    if nccl is None:
+        return None, "all_reduce_perf is not installed on the host"
+    status, output = nccl
+    if status == TIMED_OUT:
+        return None, "all_reduce_perf did not finish in time"
+    if status != 0:
+        return None, f"all_reduce_perf exit {status}"
+    wrong, bandwidth = NCCL_WRONG_LINE.search(output), NCCL_BUSBW_LINE.search(output)
+    if wrong is None or bandwidth is None:
+        return None, "all_reduce_perf printed no result summary"
+    if int(wrong["wrong"]):
+        return None, f"all_reduce_perf computed {wrong['wrong']} wrong values"
+    try:
+        return float(bandwidth["gbps"]), ""
+    except ValueError:
+        return None, f"all_reduce_perf's bus bandwidth '{bandwidth['gbps']}' is not a number"
+
+
+def burn_in_verdict(diag: tuple[int, str] | None, nccl: tuple[int, str] | None, pool: dict,
+                    dcgm_level: int, min_percent: float) -> dict:
+    """The burn-in's result: passed only when DCGM passed AND the bus bandwidth is at least
+    `min_percent` of the pool's baseline (or the cluster file's explicit minimum). Any doubt
+    (a tool missing, a timeout, output that does not read) is a failure: zero false readmissions.
+
+    `pool`: the agent config's pool (gpu_model, gpu_count, burn_in: baseline_gbps, min_bus_gbps).
+    """
+    settings = pool.get("burn_in") or {}
+    model, gpus = pool.get("gpu_model", "GPU"), int(pool.get("gpu_count", 0))
+    baseline, explicit = settings.get("baseline_gbps"), settings.get("min_bus_gbps")
+    dcgm = dcgm_verdict(diag, dcgm_level)
+    bus, percent, nccl_ok = None, None, False
+    if gpus < 2:
+        # busbw = algbw * 2(n-1)/n: an all-reduce on one GPU moves nothing over a bus.
+        nccl_ok, nccl_detail = True, "one GPU: no all-reduce"
+    else:
+        bus, why = nccl_bus_bandwidth(nccl)
+        required = explicit if explicit else (baseline * min_percent / 100 if baseline else None)
+        if baseline:
+            percent = round(bus / baseline * 100, 1) if bus is not None else None
+        if required is None:
+            nccl_detail = (f"no published all-reduce baseline for {gpus} x {model}: set "
+                           f"health.burnIn.ncclMinBusGBps.{model} in the cluster file")
+        elif bus is None:
+            nccl_detail = why
+        else:
+            # One comparison decides, in the units the rule is written in (no rounding in it).
+            nccl_ok = bus >= explicit if explicit else bus * 100 >= min_percent * baseline
+            if explicit:
+                nccl_detail = f"{bus:g} GB/s, needs {explicit:g} GB/s (ncclMinBusGBps)"
+            else:
+                nccl_detail = (f"{bus:g} GB/s, {bus / baseline * 100:.1f}% of the {model} baseline {baseline:g} "
+                               f"GB/s, needs {min_percent:g}%")
+    passed = dcgm == "pass" and nccl_ok
+    detail = nccl_detail if dcgm == "pass" else f"dcgmi diag -r {dcgm_level}: {dcgm[len('fail: '):]}; {nccl_detail}"
+    return {"result": "passed" if passed else "failed", "dcgmLevel": dcgm_level, "dcgm": dcgm,
+            "busBwGBps": bus, "baselineGBps": baseline, "percent": percent, "detail": detail[:1000]}
