@@ -1,0 +1,329 @@
+"""The getting-started guides, run as a reader runs them: every command, in order.
+
+Each guide runs in a scratch copy of this checkout (its tracked files; the
+project's .venv linked in, as `scripts/install` would have made it), with a
+fresh HOME and a PATH whose cloud CLIs, Pulumi, Packer's builds, kubectl and
+curl are fakes at the process boundary (tests/getting_started/fake_bin, and
+the doctor's, the join's and the upgrade's fakes they hand calls to); the
+account they play is healthy (`account()`). A command that fails, prints
+less than the guide shows under it, or is neither run nor listed in NOT_RUN
+fails the test; so does a flag a command does not have (typer exits 2).
+After the run, the outcomes are checked on what the commands left behind:
+the files, the fake cloud's stack, doctor's verdict, the Job the cluster was
+given (held to corral's own admission policy and the GPU pool's taints) and
+the usage report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs
+
+import pytest
+import yaml
+
+from corral.manifests import all_objects, object_key, policy, render
+from corral.model import load_fleet
+from corral.model.schema import PREFLIGHT_TAINT_KEY
+from tests.certs.certgen import make_cert
+from tests.doctor.conftest import healthy_state
+from tests.manifests.test_cluster_policy import evaluate_pod_policy
+
+from .guides import GuideError, Step, missing_output, read_steps, run_guide
+
+ROOT = Path(__file__).resolve().parents[2]
+GUIDES = ROOT / "docs" / "getting-started"
+HERE = Path(__file__).resolve().parent
+FAKE_BIN = HERE / "fake_bin"
+
+# Every command a guide shows but the test does not run, with why. A guide's
+# `# not run:` marker must be here, and everything here must be in a guide.
+NOT_RUN = {
+    "git clone https://github.com/corral-dev/corral.git && cd corral":
+        "the test runs in a scratch copy of this checkout",
+    "bash scripts/install":
+        "installs .venv from the package index (minutes); tests/quickstart runs it as written on a fresh Debian 12",
+    "aws sso login --profile corral-admin": "opens a browser",
+    "kubectl --kubeconfig alice.kubeconfig -n corral-monitoring port-forward svc/prometheus 9090":
+        "runs until stopped; the test serves a fake Prometheus (CORRAL_PROMETHEUS_URL) instead",
+}
+
+
+def account() -> dict:
+    """The fake cloud: the doctor's healthy account, plus what the guides' clusters use."""
+    state = healthy_state()
+    state["pulumi"] = {"version": state["pulumi"]["version"], "stacks": []}   # not logged in yet
+    state["aws"]["instance_types"].update({"m7i.2xlarge": 8, "r7i.xlarge": 4})
+    state["ping"]["answer"] = ["44.193.10.20"]       # the site's VPN gateway answers
+    return state
+
+
+def scratch_checkout(target: Path) -> Path:
+    """The checkout's tracked files (no tests, no goldens), with the project's .venv linked in."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for name in files.decode().split("\0"):
+        if not name or name.startswith("tests/") or not (ROOT / name).is_file():
+            continue
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, target / name)
+    (target / ".venv").symlink_to(ROOT / ".venv")
+    return target
+
+
+class FakePrometheus:
+    """TEST FAKE of Prometheus' query API at the network boundary: answers `corral usage`'s
+    GPU-hour queries as if every Job the fake API server was given ran one hour on its GPUs."""
+
+    def __init__(self, kube_state: Path) -> None:
+        self.kube_state = kube_state
+        self.queries: list[str] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                length = int(self.headers["Content-Length"])
+                query = parse_qs(self.rfile.read(length).decode())["query"][0]
+                outer.queries.append(query)
+                body = json.dumps({"status": "success",
+                                   "data": {"resultType": "vector", "result": outer.answer(query)}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def gpu_hours_by_namespace(self) -> dict[str, float]:
+        hours: dict[str, float] = {}
+        applied = json.loads(self.kube_state.read_text()).get("applied", []) if self.kube_state.exists() else []
+        for job in (o for o in applied if o.get("kind") == "Job"):
+            pod = job["spec"]["template"]["spec"]
+            gpus = sum(int(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0))
+                       for c in pod["containers"])
+            namespace = job["metadata"]["namespace"]
+            hours[namespace] = hours.get(namespace, 0.0) + gpus * 1.0
+        return hours
+
+    def answer(self, query: str) -> list[dict]:
+        from corral.manifests import monitoring
+        if monitoring.REQUESTS_BY_NAMESPACE in query or monitoring.BUSY_GPUS_BY_NAMESPACE in query:
+            return [{"metric": {"namespace": ns}, "value": [0, str(h)]} for ns, h in self.gpu_hours_by_namespace().items()]
+        return []
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Reader:
+    """A reader's machine: the scratch checkout, HOME, PATH and the fakes' state."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp = tmp_path
+        self.project = scratch_checkout(tmp_path / "corral")
+        self.home = tmp_path / "home"
+        self.home.mkdir()
+        self.fake_state = tmp_path / "fake-cloud.json"
+        self.fake_state.write_text(json.dumps(account()))
+        self.kube_state = tmp_path / "fake-kube.json"
+        self.kube_state.write_text(json.dumps({"serverVersion": "v1.31.4", "nodes": {}}))
+        ca_pem, ca_key, _ = make_cert("kubernetes", 3650, is_ca=True)
+        (tmp_path / "fake-ca.crt").write_text(ca_pem)
+        (tmp_path / "fake-ca.key").write_text(ca_key)
+        self.prometheus = FakePrometheus(self.kube_state)
+        self.env = {
+            "HOME": str(self.home), "USER": "alice", "LANG": "C.UTF-8", "COLUMNS": "200", "TERM": "dumb",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            # the reader's PATH: the fakes, then the system (no pulumi, no corral until installed)
+            "PATH": f"{FAKE_BIN}{os.pathsep}/usr/local/bin{os.pathsep}/usr/bin{os.pathsep}/bin",
+            "FAKE_DOCTOR_STATE": str(self.fake_state), "FAKE_DOCTOR_LOG": str(tmp_path / "fake-cloud-calls.jsonl"),
+            "FAKE_PULUMI_OUTPUTS": str(tmp_path / "fake-pulumi-outputs"),
+            "FAKE_KUBE_STATE": str(self.kube_state), "FAKE_KUBECTL_LOG": str(tmp_path / "fake-kubectl.jsonl"),
+            "FAKE_KUBE_CA_CERT": str(tmp_path / "fake-ca.crt"), "FAKE_KUBE_CA_KEY": str(tmp_path / "fake-ca.key"),
+            "CORRAL_PROMETHEUS_URL": self.prometheus.url,
+        }
+
+    def run(self, guide: Path, steps: list[Step], scratch: str) -> None:
+        """Run the guide's steps; fail with the first command that failed or printed less than shown."""
+        self.outcomes = run_guide(guide, steps, self.project, self.env, self.tmp / scratch)
+        for outcome in self.outcomes:
+            if outcome.step.not_run:
+                continue
+            label = outcome.step.label(guide)
+            assert outcome.returncode is not None, f"{label}: not reached"
+            assert outcome.returncode == 0, f"{label}: exit {outcome.returncode}\n{outcome.output}"
+            missing = missing_output(outcome)
+            assert not missing, f"{label}: the guide shows {missing}, the command printed:\n{outcome.output}"
+
+    def corral(self, *args: str) -> subprocess.CompletedProcess:
+        """corral as the reader runs it once the guide is done (the installed pulumi on PATH)."""
+        return subprocess.run([str(self.project / ".venv" / "bin" / "corral"), *args], cwd=self.project, check=False,
+                              env={**self.env, "PATH": f"{self.home}/.pulumi/bin{os.pathsep}{self.env['PATH']}"},
+                              capture_output=True, text=True, timeout=120)
+
+    def output_of(self, command: str) -> str:
+        return next(o.output for o in self.outcomes if o.step.text == command)
+
+    def cloud(self) -> dict:
+        return json.loads(self.fake_state.read_text())
+
+    def cloud_calls(self) -> list[list[str]]:
+        path = Path(self.env["FAKE_DOCTOR_LOG"])
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def applied(self) -> list[dict]:
+        return json.loads(self.kube_state.read_text()).get("applied", [])
+
+
+@pytest.fixture
+def reader(tmp_path):
+    machine = Reader(tmp_path)
+    yield machine
+    machine.prometheus.close()
+
+
+def all_guides() -> list[Path]:
+    return sorted(p for p in GUIDES.glob("*.md") if p.name != "README.md")
+
+
+# --- the convention itself ---------------------------------------------------------
+
+
+def test_every_guide_is_there_and_every_not_run_command_is_listed_with_its_reason():
+    assert {p.name for p in all_guides()} >= {"aws.md"}
+    marked = {}
+    for guide in all_guides():
+        for step in read_steps(guide):
+            if step.not_run:
+                assert step.text in NOT_RUN, f"{step.label(guide)}: marked `# not run` but not listed in NOT_RUN"
+                marked[step.text] = step.not_run
+    assert set(marked) == set(NOT_RUN), f"listed in NOT_RUN, in no guide: {set(NOT_RUN) - set(marked)}"
+
+
+def a_guide(tmp_path: Path, text: str) -> Path:
+    guide = tmp_path / "guide.md"
+    guide.write_text(text)
+    return guide
+
+
+def test_a_flag_that_does_not_exist_fails_the_guide(reader):
+    guide = a_guide(reader.tmp, "```console\n$ . .venv/bin/activate\n$ corral validate --strict\n```\n")
+    with pytest.raises(AssertionError, match=r"guide.md:3: corral validate --strict: exit 2"):
+        reader.run(guide, read_steps(guide), "flag")
+
+
+def test_output_a_guide_shows_but_the_command_does_not_print_fails_the_guide(reader):
+    guide = a_guide(reader.tmp, "```console\n$ . .venv/bin/activate\n$ corral validate\n"
+                                "ok clusters/heron.yaml: heron (aws/us-west-2, ...)\nok clusters/osprey.yaml\n```\n")
+    with pytest.raises(AssertionError, match=r"shows \['ok clusters/osprey.yaml'\]"):
+        reader.run(guide, read_steps(guide), "output")
+
+
+def test_a_command_marked_not_run_must_be_listed_with_its_reason(tmp_path):
+    guide = a_guide(tmp_path, "```console\n$ rm -rf clusters   # not run: trust me\n```\n")
+    [step] = read_steps(guide)
+    assert step.not_run == "trust me" and step.text not in NOT_RUN
+
+
+def test_commands_outside_console_blocks_are_refused(tmp_path):
+    guide = a_guide(tmp_path, "text\n\n```sh\ncorral up kite\n```\n")
+    with pytest.raises(GuideError, match=r"guide.md:3: commands go in ```console blocks"):
+        read_steps(guide)
+
+
+def test_a_later_command_does_not_run_after_one_failed_and_edits_and_files_apply(reader):
+    guide = a_guide(reader.tmp, "```diff\n--- a/stacks/README.md\n+++ b/stacks/README.md\n@@ -1,2 +1,2 @@\n"
+                                "-# Stack settings\n+# Stack settings, edited\n \n```\n\n"
+                                "```yaml\n# file: notes/job.yaml\nkind: Job\n```\n\n"
+                                "```console\n$ grep -c edited stacks/README.md && cat notes/job.yaml\n"
+                                "kind: Job\n$ false\n$ touch never\n```\n")
+    outcomes = run_guide(guide, read_steps(guide), reader.project, reader.env, reader.tmp / "order")
+    assert [o.returncode for o in outcomes] == [0, 0, 0, 1, None]
+    assert (reader.project / "notes" / "job.yaml").read_text() == "kind: Job\n"
+    assert not (reader.project / "never").exists()
+
+
+# --- AWS ------------------------------------------------------------------------------
+
+
+def check_gpu_job(reader: Reader, cluster_name: str, pool_name: str) -> None:
+    """The Job the guide applied would run on the team's GPU pool: corral's placement
+    policy admits it in that namespace, and it tolerates every taint the pool's nodes
+    keep once their GPU checks passed."""
+    cluster = load_fleet([reader.project / "clusters"]).clusters[cluster_name]
+    jobs = [o for o in reader.applied() if o.get("kind") == "Job"]
+    assert len(jobs) == 1, reader.applied()
+    job = jobs[0]
+    namespace = job["metadata"]["namespace"]
+    team = next(t for t in cluster.scheduling.teams if namespace in t.namespaces)
+    pool = next(p for p in cluster.node_pools if p.name == pool_name)
+    assert pool.name in team.reserved_pools
+    pod = job["spec"]["template"]["spec"]
+    objects = {object_key(o): o for o in all_objects(render(cluster))}
+    placement = objects[f"ValidatingAdmissionPolicy/{policy.PLACEMENT_POLICY_NAME}"]["spec"]
+    allowed, messages = evaluate_pod_policy(placement, namespace, pod)
+    assert allowed, messages
+    assert f"Namespace/{namespace}" in objects, "the team's namespace is one of corral's add-ons"
+    for taint in cluster.node_taints(pool):
+        if taint.key == PREFLIGHT_TAINT_KEY:
+            continue  # lifted by the health agent once the node's GPUs pass (docs/gpu-health.md)
+        assert any(t["key"] == taint.key and t.get("effect") == taint.effect and
+                   (t.get("operator") == "Exists" or t.get("value") == taint.value)
+                   for t in pod.get("tolerations", [])), f"the Job does not tolerate {taint}"
+    gpus = sum(int(c["resources"]["limits"]["nvidia.com/gpu"]) for c in pod["containers"])
+    assert 1 <= gpus <= pool.gpu.count
+
+
+def test_the_aws_guide_runs_from_an_empty_account_to_a_gpu_job(reader):
+    guide = GUIDES / "aws.md"
+    reader.run(guide, read_steps(guide), "aws")
+    project = reader.project
+
+    # the cluster file and its stack, as the guide's commands left them
+    cluster = load_fleet([project / "clusters"]).clusters["kite"]
+    assert cluster.control_plane.cloud == "aws" and cluster.control_plane.region == "us-east-1"
+    assert [(p.name, p.gpu.count if p.gpu else 0) for p in cluster.node_pools] == [("cpu", 0), ("gpu-a10g", 4)]
+    assert [s.name for s in cluster.sites] == ["dc1"]
+    stack = yaml.safe_load((project / "stacks" / "Pulumi.kite.yaml").read_text())["config"]
+    ami = stack["corral:nodeImage"]
+    assert stack["corral:gpuNodeImage"] == ami and ami in reader.cloud()["aws"]["images"], \
+        "the image the stack boots is the one Packer built"
+
+    # doctor passed everything it checks, read-only (the fakes refuse any write)
+    doctor_calls = [c for c in reader.cloud_calls() if c[0] in ("aws", "ping")]
+    assert {tuple(c[:2]) for c in doctor_calls} >= {("aws", "sts"), ("aws", "iam"), ("aws", "ec2"),
+                                                     ("aws", "service-quotas")}
+    report = reader.corral("doctor", "kite", "-o", "json")
+    verdict = json.loads(report.stdout)
+    assert verdict["ok"] is True and verdict["counts"]["fail"] == 0, verdict
+    assert {c["check"] for c in verdict["checks"]} >= {"pulumi.cli", "pulumi.login", "pulumi.stack", "pulumi.config",
+                                                       "cloud.credentials", "cloud.permissions", "cloud.images",
+                                                       "cloud.quotas", "site.vpn"}
+
+    # `pulumi up` ran the cluster's program: its stack has every resource `corral plan` counted
+    planned = int(re.search(r"kite \(aws\): (\d+) resources", reader.output_of("corral plan kite"))[1])
+    stacks = {s["name"]: s for s in reader.cloud()["pulumi"]["stacks"]}
+    assert stacks["kite"]["resourceCount"] == planned > 100
+    assert reader.cloud()["pulumi"]["url"] == "s3://acme-corral-pulumi-state"
+
+    # the personal kubeconfig: a client certificate for alice in group research, 0600
+    kubeconfig = project / "alice.kubeconfig"
+    assert oct(kubeconfig.stat().st_mode & 0o777) == "0o600"
+    assert json.loads(kubeconfig.read_text())["users"][0]["name"] == "alice"
+
+    check_gpu_job(reader, "kite", "gpu-a10g")
+    # the usage report shows the Job's GPU-hour in the team's row (the guide shows the row)
+    assert "research" in reader.output_of("corral usage kite --since 1d")
