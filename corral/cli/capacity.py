@@ -116,9 +116,15 @@ def capacity(
         fail(f"--team {team}: no team of that name in {', '.join(chosen)} (scheduling.teams)")
     urls = prometheus_urls(prometheus or [], chosen, sorted(fleet.clusters))
     moment = moment_or_exit("--at", at)
+    clients = {}
+    for name in chosen:
+        try:
+            clients[name] = Prometheus(urls[name])
+        except PrometheusError as error:
+            fail(f"cluster {name}: {error}")
     try:
         shape = parse_shape(fits, gpus_per_node_of(selected.values())) if fits is not None else None
-        capacities = [measure(selected[name], Prometheus(urls[name]), moment) for name in chosen]
+        capacities = [measure(selected[name], clients[name], moment) for name in chosen]
     except (PrometheusError, CapacityError) as error:
         fail(str(error))
     answers = [fit(c, shape, team) for c in capacities] if shape is not None else None
@@ -127,8 +133,11 @@ def capacity(
     if output is Format.json:
         typer.echo(to_json(capacities, selected, answers), nl=False)
     else:
-        shown = _chart(capacities, when) if output is Format.chart else _tables(capacities, selected, when)
-        out.print(shown)
+        if output is Format.chart:
+            out.print(_chart(capacities, when))
+        else:
+            # With --fits the question is where the job goes: the per-cluster totals, then the answer.
+            out.print(_tables(capacities, selected, when, views=("cluster",) if answers is not None else None))
         if answers is not None:
             out.print(_fits_table(answers, shape, team))
     if out_file is not None:
@@ -146,12 +155,15 @@ def capacity(
 _NUMBERS = ("nodes", "total", "used", "free", "unavailable")
 
 
-def _tables(capacities, selected, when: str) -> Group:
+def _tables(capacities, selected, when: str, views: tuple[str, ...] | None = None) -> Group:
+    """The roll-ups as tables: every view and the teams, or only `views`."""
     from corral.usage.capacity import VIEWS, by_team, roll_up
 
     nodes = [n for c in capacities for n in c.nodes]
     tables = []
     for view, keys in VIEWS.items():
+        if views is not None and view not in views:
+            continue
         table = Table(title=escape(f"GPUs by {view} at {when}"))
         for key in keys:
             table.add_column(key.replace("_", " "))
@@ -160,6 +172,8 @@ def _tables(capacities, selected, when: str) -> Group:
         for row in roll_up(nodes, keys):
             table.add_row(*(escape(row.key[k] or "-") for k in keys), *(str(getattr(row, n)) for n in _NUMBERS))
         tables.append(table)
+    if views is not None:
+        return Group(*tables)
     teams = Table(title=escape(f"GPUs by team at {when}"))
     for name in ("cluster", "team", "model"):
         teams.add_column(name)

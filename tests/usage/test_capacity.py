@@ -218,11 +218,20 @@ def test_cli_json_has_every_view_and_the_fit(servers, clusters):
 
 
 def test_cli_table_names_the_numbers_and_where_it_fits(servers, clusters):
+    result = corral(*_fleet_args(servers, clusters), "jaguar", "ibis")
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    assert "GPUs by cluster" in text and "GPUs by pool" in text and "GPUs by rack" in text and "GPUs by team" in text
+    assert re.search(r"jaguar\s*│\s*H100\s*│\s*16\s*│\s*128\s*│\s*38\s*│\s*66\s*│\s*24", text), text
+    assert re.search(r"jaguar\s*│\s*gpu-h100-sf1\s*│\s*r03\s*│\s*H100\s*│\s*4\s*│\s*32\s*│\s*0\s*│\s*24\s*│\s*8", text)
+    assert re.search(r"jaguar\s*│\s*robotics\s*│\s*H100\s*│\s*8\s*│\s*32\s*│\s*16", text), text
+    assert "heron" not in text  # only the clusters named
+
     result = corral(*_fleet_args(servers, clusters), "jaguar", "ibis", "--fits", "24xH100")
     assert result.returncode == 0, result.stderr
     text = result.stdout
-    assert "GPUs by cluster" in text and "GPUs by rack" in text and "GPUs by team" in text
-    assert re.search(r"jaguar\s*│\s*H100\s*│\s*16\s*│\s*128\s*│\s*38\s*│\s*66\s*│\s*24", text), text
+    assert "GPUs by cluster" in text and "GPUs by rack" not in text  # the totals, then the answer
+    assert "Where 3 pods of 8 H100 (24 GPUs) fit now (no team: reserved pools left out)" in text
     assert re.search(r"jaguar\s*│\s*yes\s*│\s*5\s*│\s*rack\s*│\s*gpu-h100-sf1/r03", text), text
     assert re.search(r"ibis\s*│\s*yes\s*│\s*3\s*│\s*pool\s*│\s*gpu-h100-a3", text), text
     assert "heron" not in text  # only the clusters named
@@ -255,5 +264,8 @@ def test_cli_errors_are_one_line(servers, clusters):
     assert result.returncode == 1 and "cluster ibis: cannot reach Prometheus at http://127.0.0.1:9" in result.stderr
     result = corral("capacity", "--clusters", str(clusters), "--prometheus", "heron=" + servers["heron"])
     assert result.returncode == 1 and "no Prometheus for cluster ibis, jaguar" in result.stderr
+    result = corral(*_fleet_args(dict(servers, heron="http://admin:hunter2@127.0.0.1:9"), clusters))
+    assert result.returncode == 1 and "cluster heron: --prometheus must not carry credentials" in result.stderr
+    assert "hunter2" not in result.stderr + result.stdout
     result = corral("capacity", "--clusters", str(clusters), "condor")
     assert result.returncode == 1 and "no cluster condor" in result.stderr
