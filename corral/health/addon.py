@@ -28,6 +28,8 @@ IMAGE = "docker.io/library/python:3.11.10-slim-bookworm"
 INTERVAL_SECONDS = 5
 RESYNC_SECONDS = 3600
 HOST_COMMAND = ["nsenter", "--target", "1", "--mount", "--uts", "--ipc", "--net", "--pid", "--"]
+# The taints the agent sets and lifts (its ValidatingAdmissionPolicy allows these and no other).
+AGENT_TAINTS = [PREFLIGHT_TAINT_KEY, UNHEALTHY_TAINT_KEY, BURN_IN_TAINT]
 
 
 def preflight_script_name(pool_name: str) -> str:
@@ -79,7 +81,7 @@ def agent_config(cluster: Cluster) -> dict:
         "host_command": HOST_COMMAND,
         "kernel_log": "/dev/kmsg",
         "infiniband_sysfs": "/sys/class/infiniband",
-        "taints": {"preflight": PREFLIGHT_TAINT_KEY, "unhealthy": UNHEALTHY_TAINT_KEY, "burn_in": BURN_IN_TAINT},
+        "taints": dict(zip(("preflight", "unhealthy", "burn_in"), AGENT_TAINTS)),
         "pools": pools,
     }
 

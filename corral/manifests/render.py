@@ -424,7 +424,7 @@ def gpu_health(cluster: Cluster) -> list[dict]:
         config_hash=_files_hash(files),
         gpu_node_selector=policy.gpu_node_selector(),
         sa_user=f"system:serviceaccount:{addon.NAMESPACE}:{addon.NAME}",
-        agent_taints=[PREFLIGHT_TAINT_KEY, UNHEALTHY_TAINT_KEY],
+        agent_taints=addon.AGENT_TAINTS,
         all_gpus_volume=policy.all_gpus_volume(),
         all_gpus_mount=policy.all_gpus_mount(),
     )

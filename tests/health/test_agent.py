@@ -177,9 +177,11 @@ def test_admission_policy_fences_the_agent_to_its_node_and_corral_taints():
     assert admit(vap, AGENT, "gpu-002", old, lifted) == ["the GPU health agent may change only the node it runs on"]
     assert admit(vap, AGENT, None, old, lifted) == ["the GPU health agent may change only the node it runs on"]
     assert admit(vap, AGENT, "gpu-001", old, node(PREFLIGHT)) == [
-        "the GPU health agent may change only the corral.dev/preflight and corral.dev/unhealthy taints"]
+        "the GPU health agent may change only the corral.dev/preflight and corral.dev/unhealthy and "
+        "corral.dev/burn-in taints"]
     assert admit(vap, AGENT, "gpu-001", node(GPU, team), node(GPU)) == [  # a team's reservation is not its business
-        "the GPU health agent may change only the corral.dev/preflight and corral.dev/unhealthy taints"]
+        "the GPU health agent may change only the corral.dev/preflight and corral.dev/unhealthy and "
+        "corral.dev/burn-in taints"]
     cordoned = node(GPU, PREFLIGHT)
     cordoned["spec"]["unschedulable"] = True
     assert admit(vap, AGENT, "gpu-001", old, cordoned) == ["the GPU health agent may not relabel or cordon nodes"]
