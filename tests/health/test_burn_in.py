@@ -1,0 +1,230 @@
+"""Burn-in before readmission (issue 27, item 3): the baselines, the verdict, the cluster file's
+settings, and the agent burning a new node in before it lifts the preflight taint.
+
+The verdict is a pure function of the tools' outputs; the agent's round (`agent.once`) runs
+against the in-test API server stand-in of test_active.py (extended here with the merge patch
+the agent writes its annotations with) and the fake dcgmi/all_reduce_perf in fake_host_bin."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from corral.health import addon, baselines, classify
+from corral.health.repair_protocol import BURN_IN_ANNOTATION, BURN_IN_TAINT, JOIN_BURN_IN_ID
+from corral.model.gpu_catalog import GPU_MODELS
+from corral.model.loader import load_cluster
+from corral.model.schema import PREFLIGHT_TAINT_KEY, UNHEALTHY_TAINT_KEY
+
+from .conftest import ROOT, cluster
+from .test_active import fake_api, gpu_node, host_calls, node_env  # noqa: F401  (node_env: a fixture)
+
+H100_POOL = {"gpu_model": "H100", "gpu_count": 8, "burn_in": {"baseline_gbps": 466.35, "min_bus_gbps": None}}
+PREFLIGHT = {"key": PREFLIGHT_TAINT_KEY, "value": "pending", "effect": "NoSchedule"}
+
+
+def dcgm_report(fail_gpu: int | None = None) -> str:
+    results = [{"gpu_id": str(i), "status": "Fail" if i == fail_gpu else "Pass"} for i in range(8)]
+    return json.dumps({"DCGM GPU Diagnostic": {"test_categories": [
+        {"category": "Hardware", "tests": [{"name": "Memory", "results": results}]}]}})
+
+
+def nccl_output(busbw: float, wrong: int = 0) -> str:
+    return (f"# Out of bounds values : {wrong} {'OK' if not wrong else 'FAILED'}\n"
+            f"# Avg bus bandwidth    : {busbw:g}\n")
+
+
+# --- the table -------------------------------------------------------------------
+
+
+def test_every_baseline_is_a_known_model_with_its_source():
+    keys = [(b.gpu_model, b.gpus) for b in baselines.BASELINES]
+    assert len(keys) == len(set(keys))
+    for row in baselines.BASELINES:
+        assert row.gpu_model in GPU_MODELS and row.gpus >= 2 and row.bus_gbps > 0
+        assert row.source.startswith("Azure/AI-benchmarking-guide, ") and "1G row" in row.source
+    assert baselines.baseline("H100", 8).bus_gbps == 466.35
+    assert baselines.baseline("H100", 4) is None and baselines.baseline("L40S", 8) is None
+
+
+def test_the_agent_config_carries_each_pools_baseline_and_explicit_minimum():
+    jaguar = addon.agent_config(cluster("jaguar"))
+    assert jaguar["burn_in"] == {"enabled": True, "dcgm_level": 3, "min_percent": 90, "timeout_seconds": 5400}
+    assert jaguar["pools"]["gpu-h100-sf1"]["burn_in"] == {"baseline_gbps": 466.35, "min_bus_gbps": None}
+    assert jaguar["pools"]["gpu-h100-sf1"]["nccl_command"] == ["all_reduce_perf", "-b", "1G", "-e", "1G", "-g", "8"]
+    heron = cluster("heron")
+    assert {p["burn_in"]["baseline_gbps"] for p in addon.agent_config(heron)["pools"].values()} == {None}
+    heron.health.burn_in.nccl_min_bus_gbps = {"A10G": 9.5}
+    assert {p["burn_in"]["min_bus_gbps"] for p in addon.agent_config(heron)["pools"].values()} == {9.5}
+
+
+def write_cluster(tmp_path, burn_in: str):
+    text = (ROOT / "clusters" / "jaguar.yaml").read_text()
+    assert "\nhealth:" not in text
+    path = tmp_path / "jaguar.yaml"
+    path.write_text(text + f"health:\n  burnIn:\n{burn_in}")
+    return path
+
+
+def test_the_cluster_file_sets_the_burn_in(tmp_path):
+    loaded = load_cluster(write_cluster(tmp_path, "    dcgmLevel: 4\n    ncclMinPercentOfBaseline: 85\n"
+                                                  "    ncclMinBusGBps: {L40S: 20}\n    timeoutMinutes: 30\n"))
+    burn_in = loaded.health.burn_in
+    assert (burn_in.dcgm_level, burn_in.nccl_min_percent_of_baseline, burn_in.nccl_min_bus_gbps,
+            burn_in.timeout_minutes) == (4, 85, {"L40S": 20}, 30)
+
+
+@pytest.mark.parametrize(("lines", "words"), [
+    ("    dcgmLevel: 5\n", "dcgmLevel"),
+    ("    ncclMinPercentOfBaseline: 120\n", "ncclMinPercentOfBaseline"),
+    ("    ncclMinBusGBps: {L40X: 20}\n", "unknown GPU model L40X"),
+])
+def test_bad_burn_in_settings_are_refused_naming_the_field(tmp_path, lines, words):
+    with pytest.raises(Exception) as refused:
+        load_cluster(write_cluster(tmp_path, lines))
+    assert words in str(refused.value) and "burnIn" in str(refused.value)
+
+
+# --- the verdict -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("diag", "nccl", "pool", "result", "detail"), [
+    ((0, dcgm_report()), (0, nccl_output(455.0)), H100_POOL, "passed", "455 GB/s, 97.6% of the H100 baseline 466.35 GB/s, needs 90%"),
+    ((0, dcgm_report()), (0, nccl_output(413.6)), H100_POOL, "failed", "413.6 GB/s, 88.7% of the H100 baseline 466.35 GB/s, needs 90%"),
+    ((226, dcgm_report(fail_gpu=3)), (0, nccl_output(455.0)), H100_POOL, "failed", "dcgmi diag -r 3: Memory on GPU 3"),
+    (None, (0, nccl_output(455.0)), H100_POOL, "failed", "dcgmi is not installed on the host"),
+    ((124, ""), (0, nccl_output(455.0)), H100_POOL, "failed", "did not finish in time"),
+    ((0, "Error: unable to connect to the host engine"), (0, nccl_output(455.0)), H100_POOL, "failed", "without a JSON report"),
+    ((3, dcgm_report()), (0, nccl_output(455.0)), H100_POOL, "failed", "dcgmi diag -r 3 exit 3"),
+    ((0, dcgm_report()), None, H100_POOL, "failed", "all_reduce_perf is not installed on the host"),
+    ((0, dcgm_report()), (124, ""), H100_POOL, "failed", "all_reduce_perf did not finish in time"),
+    ((0, dcgm_report()), (0, nccl_output(455.0, wrong=12)), H100_POOL, "failed", "12 wrong values"),
+    ((0, dcgm_report()), (0, "# Avg bus bandwidth    : 455.0\n"), H100_POOL, "failed", "no result summary"),
+    ((0, dcgm_report()), (1, "NCCL WARN Cuda failure"), H100_POOL, "failed", "all_reduce_perf exit 1"),
+    ((0, dcgm_report()), (0, nccl_output(30.0)),
+     {"gpu_model": "L40S", "gpu_count": 8, "burn_in": {"baseline_gbps": None, "min_bus_gbps": None}},
+     "failed", "no published all-reduce baseline for 8 x L40S: set health.burnIn.ncclMinBusGBps.L40S"),
+    ((0, dcgm_report()), (0, nccl_output(30.0)),
+     {"gpu_model": "L40S", "gpu_count": 8, "burn_in": {"baseline_gbps": None, "min_bus_gbps": 25.0}},
+     "passed", "30 GB/s, needs 25 GB/s (ncclMinBusGBps)"),
+    ((0, dcgm_report()), None, {"gpu_model": "L4", "gpu_count": 1, "burn_in": {}}, "passed", "one GPU: no all-reduce"),
+])
+def test_burn_in_verdicts(diag, nccl, pool, result, detail):
+    verdict = classify.burn_in_verdict(diag, nccl, pool, 3, 90.0)
+    assert verdict["result"] == result and detail in verdict["detail"], verdict
+    assert verdict["dcgmLevel"] == 3
+
+
+def test_a_failed_verdict_says_by_how_much():
+    verdict = classify.burn_in_verdict((0, dcgm_report()), (0, nccl_output(413.6)), H100_POOL, 3, 90.0)
+    assert (verdict["busBwGBps"], verdict["baselineGBps"], verdict["percent"], verdict["dcgm"]) == (
+        413.6, 466.35, 88.7, "pass")
+
+
+@settings(max_examples=300, deadline=None)
+@given(busbw=st.decimals(min_value=0, max_value=1000, places=2), baseline=st.sampled_from([228.10, 466.35, 646.87]),
+       min_percent=st.integers(min_value=1, max_value=100), dcgm_fails=st.booleans())
+def test_readmitted_if_and_only_if_dcgm_passed_and_the_bandwidth_reached_the_line(busbw, baseline, min_percent,
+                                                                                   dcgm_fails):
+    pool = {"gpu_model": "H100", "gpu_count": 8, "burn_in": {"baseline_gbps": baseline, "min_bus_gbps": None}}
+    diag = (226, dcgm_report(fail_gpu=0)) if dcgm_fails else (0, dcgm_report())
+    verdict = classify.burn_in_verdict(diag, (0, nccl_output(float(busbw))), pool, 3, float(min_percent))
+    measured = float(f"{float(busbw):g}")      # what all_reduce_perf printed (%g)
+    assert (verdict["result"] == "passed") == (not dcgm_fails and measured * 100 >= min_percent * baseline)
+
+
+# --- the agent: a new node is burned in before the preflight taint goes -------------------
+
+
+class annotating_api(fake_api):  # noqa: N801  (the API server stand-in, at the HTTP boundary)
+    """test_active's stand-in, which also takes the merge patch of the node's annotations (RFC 7386)."""
+
+    def call(self, method, path, body=None, content_type="application/json"):
+        if method == "PATCH" and content_type == "application/merge-patch+json":
+            annotations = self.node["metadata"].setdefault("annotations", {})
+            for key, value in body["metadata"]["annotations"].items():
+                if value is None:
+                    annotations.pop(key, None)
+                else:
+                    annotations[key] = value
+            self.node["metadata"]["resourceVersion"] = str(int(self.node["metadata"]["resourceVersion"]) + 1)
+            return json.loads(json.dumps(self.node))
+        return super().call(method, path, body, content_type)
+
+    def burn_in(self) -> dict | None:
+        text = (self.node["metadata"].get("annotations") or {}).get(BURN_IN_ANNOTATION)
+        return json.loads(text) if text else None
+
+    def taint_keys(self) -> dict:
+        return {t["key"]: t.get("value") for t in self.node["spec"]["taints"]}
+
+
+def test_a_new_node_passes_its_burn_in_and_only_then_loses_the_preflight_taint(agent, node_env, monkeypatch):
+    monkeypatch.setenv("FAKE_NCCL_BUSBW", "455.2")
+    api = annotating_api(gpu_node(PREFLIGHT), [])
+    agent.once(api, node_env["config"], "gpu-001")
+    assert host_calls(node_env) == ["dcgmi diag -r 3 -j", "all_reduce_perf -b 1G -e 1G -g 8"]
+    # While it ran: behind corral.dev/burn-in=pending as well as the preflight taint.
+    assert (BURN_IN_TAINT, "pending", "NoSchedule") in api.taint_history[0]
+    assert (PREFLIGHT_TAINT_KEY, "pending", "NoSchedule") in api.taint_history[0]
+    result = api.burn_in()
+    assert (result["id"], result["result"], result["dcgm"], result["busBwGBps"], result["baselineGBps"]) == (
+        JOIN_BURN_IN_ID, "passed", "pass", 455.2, 466.35)
+    assert api.taint_keys() == {"nvidia.com/gpu": "present"}
+    assert any(e[1] == "GPUBurnInPassed" for e in api.events)
+    # Passed: not burned in again, and the next round does not put the taint back.
+    agent.once(api, node_env["config"], "gpu-001")
+    assert len(host_calls(node_env)) == 2 and api.taint_keys() == {"nvidia.com/gpu": "present"}
+
+
+@pytest.mark.parametrize(("env", "words"), [
+    ({"FAKE_NCCL_BUSBW": "413.6"}, "413.6 GB/s, 88.7% of the H100 baseline 466.35 GB/s, needs 90%"),
+    ({"FAKE_DCGM_FAIL_GPU": "5", "FAKE_NCCL_BUSBW": "455"}, "Memory on GPU 5"),
+    ({"FAKE_NCCL_WRONG": "3", "FAKE_NCCL_BUSBW": "455"}, "3 wrong values"),
+])
+def test_a_node_below_the_line_stays_out_and_says_by_how_much(agent, node_env, monkeypatch, env, words):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    api = annotating_api(gpu_node(PREFLIGHT), [])
+    agent.once(api, node_env["config"], "gpu-001")
+    result = api.burn_in()
+    assert result["result"] == "failed" and words in result["detail"], result
+    assert api.taint_keys()[BURN_IN_TAINT] == "failed" and api.taint_keys()[PREFLIGHT_TAINT_KEY] == "pending"
+    assert any(e[:2] == ("Warning", "GPUBurnInFailed") and words in e[2] for e in api.events)
+    # A failed burn-in is not repeated round after round, and the preflight's pass does not admit the node.
+    agent.once(api, node_env["config"], "gpu-001")
+    assert len(host_calls(node_env)) == 2 and PREFLIGHT_TAINT_KEY in api.taint_keys()
+
+
+def test_a_gpu_node_without_dcgm_is_not_admitted(agent, node_env, tmp_path, monkeypatch):
+    bare = tmp_path / "bin-without-dcgmi"
+    bare.mkdir()
+    fakes = ROOT / "tests" / "health"
+    for name in ("all_reduce_perf", "nvidia-smi"):
+        (bare / name).symlink_to(fakes / "fake_host_bin" / name)
+    monkeypatch.setenv("PATH", f"{bare}:{fakes / 'fake_bin'}:/usr/bin:/bin")
+    monkeypatch.setenv("FAKE_NCCL_BUSBW", "460")
+    assert not any(os.access(os.path.join(d, "dcgmi"), os.X_OK) for d in os.environ["PATH"].split(":"))
+    api = annotating_api(gpu_node(PREFLIGHT), [])
+    agent.once(api, node_env["config"], "gpu-001")
+    assert api.burn_in()["dcgm"] == "fail: dcgmi is not installed on the host"
+    assert api.taint_keys()[BURN_IN_TAINT] == "failed"
+
+
+def test_burn_in_off_leaves_admission_to_the_preflight(agent, node_env):
+    node_env["config"]["burn_in"]["enabled"] = False
+    api = annotating_api(gpu_node(PREFLIGHT), [])
+    agent.once(api, node_env["config"], "gpu-001")
+    assert api.burn_in() is None and PREFLIGHT_TAINT_KEY not in api.taint_keys()
+    assert "dcgmi diag -r 3 -j" not in host_calls(node_env)
+
+
+def test_a_node_in_service_is_not_burned_in_again(agent, node_env):
+    api = annotating_api(gpu_node(), [])
+    node_env["config"]["active"]["enabled"] = False
+    agent.once(api, node_env["config"], "gpu-001")
+    assert host_calls(node_env) == [] and api.burn_in() is None and UNHEALTHY_TAINT_KEY not in api.taint_keys()
