@@ -21,7 +21,8 @@ and docs/metrics/workload/pod-metrics.md):
 - `kube_node_status_condition{node, condition, status}`: Ready;
 - `kube_pod_info{namespace, pod, node}`, `kube_pod_status_phase{namespace,
   pod, phase}`, `kube_pod_container_resource_requests{namespace, pod,
-  container, resource, unit}`.
+  container, resource, unit}` and `kube_pod_init_container_resource_requests`
+  (the same for init containers; internal/store/pod.go).
 
 A GPU is *used* when a pod bound to its node (kube_pod_info's node set) and
 not finished (phase Pending or Running) requests it: the scheduler counts
@@ -76,9 +77,16 @@ _OUT_OF_SERVICE_TAINTS = (
     f'max by (node, key) (kube_node_spec_taint{{key=~"{_TAINT_KEYS}", effect=~"NoSchedule|NoExecute"}})'
 )
 _NOT_READY = 'max by (node) (kube_node_status_condition{condition="Ready", status="true"}) == 0'
+# A pod's GPUs as the scheduler counts them: its containers' sum, or its
+# largest init container's request when that is more (init containers run
+# one at a time, before the others). `a >= b or b > a or a or b` is the
+# larger per pod, and either one alone for pods that have only one.
+_CONTAINER_GPUS = f"sum by (namespace, pod) (kube_pod_container_resource_requests{{{monitoring.GPU}}})"
+_INIT_GPUS = f"max by (namespace, pod) (kube_pod_init_container_resource_requests{{{monitoring.GPU}}})"
+_POD_GPUS = (f"({_CONTAINER_GPUS} >= {_INIT_GPUS} or {_INIT_GPUS} > {_CONTAINER_GPUS}"
+             f" or {_CONTAINER_GPUS} or {_INIT_GPUS})")
 _GPUS_REQUESTED = (
-    "sum by (node, namespace) ("
-    f"sum by (namespace, pod) (kube_pod_container_resource_requests{{{monitoring.GPU}}})"
+    f"sum by (node, namespace) ({_POD_GPUS}"
     ' * on (namespace, pod) group_left (node) max by (namespace, pod, node) (kube_pod_info{node!=""})'
     ' * on (namespace, pod) group_left () (max by (namespace, pod) (kube_pod_status_phase{phase=~"Pending|Running"}) == 1)'
     ")"

@@ -39,8 +39,9 @@ class Pod:
     namespace: str
     name: str
     node: str                   # "" when not yet scheduled
-    gpus: int
+    gpus: int                   # its (one) container's GPUs
     phase: str = "Running"
+    init_gpus: int = 0          # its init container's GPUs; the pod holds the larger of the two
 
 
 SF1, ROBOTICS = "gpu-h100-sf1", "gpu-h100-robotics"
@@ -85,14 +86,17 @@ IBIS_PODS = (
 )
 
 # heron: A10G machines of 4, and of 8 reserved for inference.
-#   gpu-a10g: c001 free, c002 4 used (default: no team) -> 8 total, 4 used, 4 free
-#   gpu-a10g-inference: d001 8 used, d002 free -> 16 total, 8 used, 8 free
+#   gpu-a10g: c001 4 used (its init container's 4, more than its container's 2), c002 4 used
+#        (default: no team) -> 8 total, 8 used, 0 free
+#   gpu-a10g-inference: d001 8 used (its container's 8, more than its init container's 1), d002 free
+#        -> 16 total, 8 used, 8 free
 HERON_NODES = (
     Node("c001", "gpu-a10g", "A10G", 4), Node("c002", "gpu-a10g", "A10G", 4),
     Node("d001", "gpu-a10g-inference", "A10G", 8, team="inference"),
     Node("d002", "gpu-a10g-inference", "A10G", 8, team="inference"),
 )
-HERON_PODS = (Pod("default", "web", "c002", 4), Pod("inference", "serve", "d001", 8))
+HERON_PODS = (Pod("default", "web", "c002", 4), Pod("default", "warmup", "c001", 2, init_gpus=4),
+              Pod("inference", "serve", "d001", 8, init_gpus=1))
 
 FLEET = {"heron": (HERON_NODES, HERON_PODS), "ibis": (IBIS_NODES, IBIS_PODS), "jaguar": (JAGUAR_NODES, JAGUAR_PODS)}
 
@@ -159,6 +163,8 @@ def openmetrics(cluster: str) -> str:
             labels["node"] = pod.node
         add("kube_pod_container_resource_requests", labels, pod.gpus)
         add("kube_pod_container_resource_requests", {**labels, "resource": "cpu", "unit": "core"}, 8)
+        if pod.init_gpus:
+            add("kube_pod_init_container_resource_requests", {**labels, "container": "init"}, pod.init_gpus)
     lines = []
     for name, samples in families.items():
         lines.append(f"# TYPE {name} gauge")

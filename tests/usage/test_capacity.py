@@ -90,7 +90,7 @@ def test_free_and_used_per_cluster_pool_and_rack(measured):
     by_cluster = {(r.key["cluster"], r.key["model"]): _numbers(r) for r in roll_up(nodes, VIEWS["cluster"])}
     # nodes, total, used, free, unavailable
     assert by_cluster == {
-        ("heron", "A10G"): (4, 24, 12, 12, 0),
+        ("heron", "A10G"): (4, 24, 16, 8, 0),   # c001: its init container's 4 GPUs
         ("ibis", "A100"): (2, 16, 8, 8, 0),
         ("ibis", "H100"): (6, 48, 20, 28, 0),
         # 32 + 32 + 32 + 32; 20 + 10 + 0 + 8 used; 12 + 14 + 24 + 16 free; g008, g009, h068 unavailable
@@ -124,7 +124,7 @@ def test_used_and_reserved_per_team(measured, fleet):
         ("ibis", "research", "H100"): (20, 0, 0),
         ("ibis", "research", "A100"): (8, 0, 0),
         ("heron", "inference", "A10G"): (8, 16, 8),
-        ("heron", NO_TEAM, "A10G"): (4, 0, 0),
+        ("heron", NO_TEAM, "A10G"): (8, 0, 0),
     }
 
 
