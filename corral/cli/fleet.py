@@ -1,16 +1,27 @@
-"""`corral validate`, `corral list`, `corral show`, `corral schema`."""
+"""`corral validate`, `corral list`, `corral show`, `corral schema`; `corral fleet` (the fleet file: MultiKueue)."""
 
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from .common import (
-    DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cluster_or_exit, examples, fleet_or_exit, out, report_problems,
+    DEFAULT_CLUSTERS,
+    ClusterArg,
+    ClustersOption,
+    CorralTyper,
+    cluster_or_exit,
+    err,
+    examples,
+    fail,
+    fleet_or_exit,
+    out,
+    report_problems,
 )
 
 
@@ -20,7 +31,7 @@ def _etcd_summary(cluster) -> str:
 
 
 def validate(
-    paths: Annotated[Optional[list[Path]], typer.Argument(help="Cluster files or folders (default: --clusters).")] = None,
+    paths: Annotated[list[Path] | None, typer.Argument(help="Cluster files or folders (default: --clusters).")] = None,
     clusters: ClustersOption = DEFAULT_CLUSTERS,
 ) -> None:
     """Check cluster files against the schema and the fleet rules, and their stack files for placeholders."""
@@ -111,6 +122,184 @@ def schema(
         out.print(text, markup=False, end="")
 
 
+FleetFileOption = Annotated[
+    Path, typer.Option("--fleet", help="The fleet file (docs/scheduling.md, \"One queue for the fleet\").", dir_okay=False),
+]
+DEFAULT_FLEET_FILE = Path("fleet.yaml")
+
+
+def _fleet_file_or_exit(fleet_file: Path, clusters: Path):
+    from corral.model import ValidationFailed
+    from corral.model.fleet import load_fleet_file
+
+    try:
+        return load_fleet_file(fleet_file, clusters)
+    except ValidationFailed as failed:
+        report_problems(failed)
+
+
+def fleet_manifests(
+    fleet_file: FleetFileOption = DEFAULT_FLEET_FILE,
+    clusters: ClustersOption = DEFAULT_CLUSTERS,
+    only: Annotated[str | None, typer.Option("--cluster", help="Only this cluster's objects.")] = None,
+) -> None:
+    """The fleet's MultiKueue objects, per cluster (no credential: see multikueue-credentials).
+
+    The manager's: a MultiKueueCluster per worker, the MultiKueueConfig, the
+    admission check and the dispatched teams' ClusterQueues. Each worker's: the
+    manager's ServiceAccount and least-privilege ClusterRole.
+    """
+    from corral.manifests import ManifestError, to_yaml
+    from corral.manifests.multikueue import (
+        manager_objects,
+        worker_objects,
+        workers_agree,
+    )
+
+    fleet = _fleet_file_or_exit(fleet_file, clusters)
+    names = [fleet.spec.multi_kueue.manager, *fleet.spec.multi_kueue.workers]
+    if only is not None and only not in names:
+        fail(f"{only} is not in fleet {fleet.spec.name} (manager {names[0]}, workers {', '.join(names[1:])})")
+    try:
+        disagree = workers_agree(fleet)
+        if disagree:
+            fail("; ".join(disagree))
+        for name in names:
+            if only not in (None, name):
+                continue
+            cluster = fleet.clusters.clusters[name]
+            if name == fleet.spec.multi_kueue.manager:
+                objects, role = manager_objects(fleet), "manager"
+            else:
+                objects, role = worker_objects(fleet, name), "worker"
+            out.print(to_yaml(cluster, objects, f"MultiKueue of fleet {fleet.spec.name}: {role} {name}"),
+                      markup=False, end="")
+    except ManifestError as error:
+        fail(str(error))
+
+
+def _parse_duration(text: str) -> timedelta:
+    from datetime import timedelta
+
+    units = {"h": 3600, "d": 86400}
+    if len(text) < 2 or text[-1] not in units or not text[:-1].isdigit():
+        raise typer.BadParameter("a number of hours or days, like 720h or 30d", param_hint="--ttl")
+    return timedelta(seconds=int(text[:-1]) * units[text[-1]])
+
+
+def _kubeconfigs(given: list[str]) -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for item in given:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise typer.BadParameter(f"{item!r}: give CLUSTER=FILE", param_hint="--kubeconfig")
+        if not Path(path).is_file():
+            raise typer.BadParameter(f"{path}: no such file", param_hint="--kubeconfig")
+        found[name] = Path(path)
+    return found
+
+
+def _access(name: str, kubeconfigs: dict[str, Path]):
+    """kubectl for cluster `name`: its --kubeconfig, else its stack's admin kubeconfig (held in memory).
+
+    $KUBECONFIG is not used: one variable cannot name both the manager and a worker.
+    """
+    from corral.nodes.join import (
+        CREDENTIAL_OUTPUT,
+        ClusterAccess,
+        JoinError,
+        stack_output,
+    )
+
+    if name in kubeconfigs:
+        return ClusterAccess(kubeconfig=kubeconfigs[name])
+    try:
+        text = stack_output(name, CREDENTIAL_OUTPUT, secret=True, instead=f"pass --kubeconfig {name}=FILE")
+    except JoinError as error:
+        fail(f"{name}: {error}")
+    if not isinstance(text, str) or not text.strip():
+        fail(f"{name}: stack output {CREDENTIAL_OUTPUT} is missing; pass --kubeconfig {name}=FILE")
+    return ClusterAccess(kubeconfig_text=text)
+
+
+def _store_scope(manager, clusters: Path, gcp_project: str | None, key_vault: str | None) -> str:
+    """Where the manager's secrets live: AWS its region; GCP its project, Azure its Key Vault (stack settings)."""
+    cloud = manager.control_plane.cloud
+    if cloud == "aws":
+        return manager.control_plane.region
+    from corral.model.stack import stack_file_beside
+
+    setting = "gcp:project" if cloud == "gcp" else "corral:keyVaultName"
+    chosen = gcp_project if cloud == "gcp" else key_vault
+    if chosen:
+        return chosen
+    stack = stack_file_beside(clusters, manager.name)
+    if stack.is_file():
+        from ruamel.yaml import YAML
+
+        config = (YAML(typ="safe").load(stack.read_text()) or {}).get("config") or {}
+        if isinstance(config.get(setting), str) and config[setting] != "REPLACE-ME":
+            return config[setting]
+    if cloud == "azure":
+        # The vault name the manager's program gives when corral:keyVaultName is unset
+        # (corral/infra/azure/secrets.py, vault_name).
+        import hashlib
+
+        digest = hashlib.sha256(f"corral/{manager.name}".encode()).hexdigest()[:6]
+        return f"kv-{manager.name[:14]}-{digest}"
+    fail(f"the manager {manager.name} keeps its secrets in GCP Secret Manager: set {setting} in {stack} "
+         "or pass --gcp-project")
+
+
+def multikueue_credentials(
+    fleet_file: FleetFileOption = DEFAULT_FLEET_FILE,
+    clusters: ClustersOption = DEFAULT_CLUSTERS,
+    kubeconfig: Annotated[list[str], typer.Option(
+        "--kubeconfig", metavar="CLUSTER=FILE", help="CLUSTER=FILE: an admin credential for a cluster of the fleet (repeat per cluster); "
+        "unset: the cluster's stack output adminKubeconfig.")] = [],  # noqa: B006 (typer reads the default)
+    ttl: Annotated[str, typer.Option(help="How long each token lives: hours or days (720h, 30d); rerun before.")]
+        = "30d",
+    gcp_project: Annotated[str | None, typer.Option(help="GCP manager: the project of its Secret Manager.")]
+        = None,
+    key_vault: Annotated[str | None, typer.Option(help="Azure manager: its Key Vault's name.")] = None,
+) -> None:
+    """A new token for the manager on every worker, in the manager's secret store and kueue-system Secret.
+
+    The token is the worker's least-privilege ServiceAccount's, bound to a
+    Secret on the worker and valid for --ttl; earlier tokens are revoked. Run
+    again to rotate.
+    """
+    from corral.certs.multikueue import (
+        MultiKueueCredentialError,
+        put_in_store,
+        revoke_earlier,
+        store_key,
+        store_location,
+        sync_manager_secret,
+        worker_credential,
+    )
+
+    duration = _parse_duration(ttl)
+    given = _kubeconfigs(kubeconfig)
+    fleet = _fleet_file_or_exit(fleet_file, clusters)
+    manager = fleet.manager
+    scope = _store_scope(manager, clusters, gcp_project, key_vault)
+    manager_access = _access(manager.name, given)
+    try:
+        for worker in fleet.workers:
+            worker_access = _access(worker.name, given)
+            credential = worker_credential(worker_access, manager.name, duration)
+            location = store_location(manager.control_plane.cloud, manager.name, scope, store_key(worker.name))
+            put_in_store(location, credential.kubeconfig, credential.token)
+            secret = sync_manager_secret(manager_access, worker.name, credential)
+            revoked = revoke_earlier(worker_access, manager.name, keep=credential.binding)
+            out.print(f"{worker.name}: new token for {manager.name} (valid {ttl}) in {location} and "
+                      f"{manager.name}:kueue-system/{secret}; {len(revoked)} earlier token(s) revoked", markup=False)
+    except MultiKueueCredentialError as error:
+        err.print("[red]stopped:[/] workers before this one have their new credential; rerun to finish")
+        fail(str(error))
+
+
 def register(app: typer.Typer) -> None:
     app.command(epilog=examples(
         "corral validate",
@@ -126,3 +315,14 @@ def register(app: typer.Typer) -> None:
     app.command(epilog=examples(
         "corral schema",
     ))(schema)
+    fleet_app = CorralTyper(help="The fleet file: MultiKueue across clusters (docs/scheduling.md).",
+                            no_args_is_help=True)
+    fleet_app.command("manifests", epilog=examples(
+        "corral fleet manifests",
+        "corral fleet manifests --cluster jaguar",
+    ))(fleet_manifests)
+    fleet_app.command("multikueue-credentials", epilog=examples(
+        "corral fleet multikueue-credentials --kubeconfig heron=heron.kubeconfig --kubeconfig "
+        "jaguar=jaguar.kubeconfig --kubeconfig ibis=ibis.kubeconfig",
+    ))(multikueue_credentials)
+    app.add_typer(fleet_app, name="fleet")

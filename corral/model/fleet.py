@@ -73,8 +73,8 @@ class MultiKueue(Spec):
     )
     workers: list[Name] = Field(
         min_length=1, max_length=MAX_WORKERS,
-        description="The clusters jobs are dispatched to, in order of preference (Kueue nominates them in "
-        f"this order); 1-{MAX_WORKERS}, never the manager.",
+        description="The clusters jobs are dispatched to (the MultiKueueConfig's clusters, in this order); "
+        f"1-{MAX_WORKERS}, never the manager.",
     )
     teams: list[Name] = Field(
         min_length=1,
