@@ -585,7 +585,10 @@ def test_the_node_approver_may_approve_only_kubelet_client_certificates(name):
     container = pod_spec["containers"][0]["securityContext"]
     assert container == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                          "capabilities": {"drop": ["ALL"]}}
-    assert "hostNetwork" not in pod_spec and "automountServiceAccountToken" not in pod_spec
+    # The host's network, for the API servers' metadata service (their cloud identity asks
+    # the cloud about a cloud pool's instance: issue 25, item 4); it listens on no port.
+    assert pod_spec["hostNetwork"] is True and pod_spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert "ports" not in pod_spec["containers"][0] and "automountServiceAccountToken" not in pod_spec
 
 
 def approver_admits(old: dict, new: dict, username: str = "system:serviceaccount:kube-system:corral-node-approver"):
