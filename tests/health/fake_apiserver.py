@@ -11,6 +11,14 @@ an ERROR event with code 410 (Gone) when the resourceVersion is older than
 the history it keeps; the watch ends after timeoutSeconds. JSON-patch a
 node's taints (with the resourceVersion test, 409 on a stale one),
 merge-patch its conditions, create events and patch their count.
+For the repair controller (issue 27): list every node (an empty fieldSelector),
+merge-patch a node's annotations and cordon (RFC 7386; a resourceVersion in
+the patch is a precondition, 409 when stale), create events in any namespace,
+get/create/update Leases and ConfigMaps (409 on a stale resourceVersion), and
+the Eviction subresource (POST pods/NAME/eviction): 429 while a matching
+PodDisruptionBudget's status.disruptionsAllowed is 0, else the pod is deleted
+and the budget's allowance goes down by one (kubernetes/website,
+concepts/scheduling-eviction/api-eviction.md).
 
 It records every request: who asked (the User-Agent's component), the verb
 (get, list, watch, create, patch), the resource, and what kind of read it
@@ -97,6 +105,19 @@ def locked_nodes(state: Path):
             os.replace(tmp, state)
 
 
+def merge_patch(target, patch):
+    """RFC 7386 JSON merge patch: objects merge, null deletes, anything else replaces."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
 BOOKMARK_SECONDS = 60        # apiserver cacher: defaultBookmarkFrequency = time.Minute
 HISTORY_SECONDS = 300        # older resourceVersions are Gone (etcd's compaction: every 5 minutes)
 
@@ -122,7 +143,8 @@ class FakeCluster:
         self.clock = clock or RealClock()
         self.lock = self.clock.lock
         self.rv = 1
-        self.objects: dict[str, dict[str, dict]] = {"nodes": {}, "pods": {}, "events": {}}
+        self.objects: dict[str, dict[str, dict]] = {"nodes": {}, "pods": {}, "events": {}, "leases": {},
+                                                    "configmaps": {}, "poddisruptionbudgets": {}}
         self.history: deque = deque()       # (rv, time, resource, type, object)
         self.compacted_rv = 0
         self.history_seconds = history_seconds
@@ -133,10 +155,12 @@ class FakeCluster:
 
     # -- changes (the simulated kubelet, scheduler, operator; and the agent's writes) -----
 
-    @staticmethod
-    def key(resource: str, obj: dict) -> str:
+    NAMESPACED = ("pods", "leases", "configmaps", "poddisruptionbudgets")
+
+    @classmethod
+    def key(cls, resource: str, obj: dict) -> str:
         meta = obj["metadata"]
-        return f"{meta['namespace']}/{meta['name']}" if resource == "pods" else meta["name"]
+        return f"{meta['namespace']}/{meta['name']}" if resource in cls.NAMESPACED else meta["name"]
 
     def commit(self, resource: str, obj: dict, kind: str = "MODIFIED") -> dict:
         """Store (lock held) a new version of `obj`, or delete it; tell the watches."""
@@ -204,7 +228,7 @@ class FakeCluster:
         rv_param = query.get("resourceVersion")
         read = "cache" if rv_param not in (None, "") else "etcd"
         selector = None
-        if "fieldSelector" in query:
+        if query.get("fieldSelector"):
             field, _, value = query["fieldSelector"].partition("=")
             selector = (field, value)
         if method == "GET" and parts[:4] == ["", "api", "v1", "nodes"] and len(parts) == 5:
@@ -218,7 +242,7 @@ class FakeCluster:
                 items = [json.loads(json.dumps(o)) for o in self.objects[resource].values()
                          if self._matches(selector, o)]
                 return 200, {"kind": "List", "metadata": {"resourceVersion": str(self.rv)}, "items": items}
-        if method == "POST" and path == "/api/v1/namespaces/default/events":
+        if method == "POST" and parts[:4] == ["", "api", "v1", "namespaces"] and parts[5:] == ["events"]:
             self.record(headers, "create", "events", "write")
             with self.lock:
                 self._names += 1
@@ -239,7 +263,12 @@ class FakeCluster:
                 if node is None:
                     return 404, {"kind": "Status", "code": 404, "reason": "NotFound"}
                 node = json.loads(json.dumps(node))
-                if len(parts) == 5:
+                if len(parts) == 5 and (headers.get("Content-Type") or "").startswith("application/merge-patch"):
+                    wanted = (body.get("metadata") or {}).get("resourceVersion")
+                    if wanted and wanted != node["metadata"].get("resourceVersion"):
+                        return 409, {"kind": "Status", "code": 409, "reason": "Conflict"}
+                    node = merge_patch(node, body)
+                elif len(parts) == 5:
                     test, add = body
                     if test["value"] != node["metadata"].get("resourceVersion"):
                         return 409, {"kind": "Status", "code": 409, "reason": "Conflict"}
@@ -249,7 +278,60 @@ class FakeCluster:
                     merged.update({c["type"]: c for c in body["status"]["conditions"]})
                     node["status"]["conditions"] = list(merged.values())
                 return 200, self.commit("nodes", node)
-        return 404, {"kind": "Status", "code": 404}
+        return self.answer_repair(method, parts, body, headers)
+
+    def answer_repair(self, method: str, parts: list[str], body, headers) -> tuple[int, dict]:
+        """Leases, ConfigMaps and evictions (the repair controller's requests)."""
+        not_found = 404, {"kind": "Status", "code": 404, "reason": "NotFound"}
+        if parts[:3] == ["", "apis", "coordination.k8s.io"] and parts[4:5] == ["namespaces"]:
+            resource, namespace, name = "leases", parts[5], (parts[7] if len(parts) > 7 else None)
+        elif parts[:4] == ["", "api", "v1", "namespaces"] and parts[5:6] == ["configmaps"]:
+            resource, namespace, name = "configmaps", parts[4], (parts[6] if len(parts) > 6 else None)
+        elif method == "POST" and parts[:4] == ["", "api", "v1", "namespaces"] and parts[5:6] == ["pods"] \
+                and parts[7:] == ["eviction"]:
+            self.record(headers, "create", "pods/eviction", "write")
+            return self.evict(parts[4], parts[6])
+        else:
+            return not_found
+        verb = {"GET": "get", "POST": "create", "PUT": "update"}.get(method, method.lower())
+        self.record(headers, verb, resource, "write" if method != "GET" else "etcd")
+        with self.lock:
+            if method == "GET" and name:
+                obj = self.objects[resource].get(f"{namespace}/{name}")
+                return (200, json.loads(json.dumps(obj))) if obj else not_found
+            if method == "POST" and name is None:
+                obj = dict(body, metadata=dict(body["metadata"], namespace=namespace))
+                if self.key(resource, obj) in self.objects[resource]:
+                    return 409, {"kind": "Status", "code": 409, "reason": "AlreadyExists"}
+                return 201, self.commit(resource, obj, "ADDED")
+            if method == "PUT" and name:
+                old = self.objects[resource].get(f"{namespace}/{name}")
+                if old is None:
+                    return not_found
+                if body["metadata"].get("resourceVersion") != old["metadata"]["resourceVersion"]:
+                    return 409, {"kind": "Status", "code": 409, "reason": "Conflict"}
+                return 200, self.commit(resource, body)
+        return not_found
+
+    def evict(self, namespace: str, name: str) -> tuple[int, dict]:
+        with self.lock:
+            pod = self.objects["pods"].get(f"{namespace}/{name}")
+            if pod is None:
+                return 404, {"kind": "Status", "code": 404, "reason": "NotFound"}
+            labels = pod["metadata"].get("labels") or {}
+            budgets = [b for b in self.objects["poddisruptionbudgets"].values()
+                       if b["metadata"]["namespace"] == namespace
+                       and (b["spec"].get("selector") or {}).get("matchLabels", {}).items() <= labels.items()]
+            if any(b.get("status", {}).get("disruptionsAllowed", 0) <= 0 for b in budgets):
+                return 429, {"kind": "Status", "code": 429, "reason": "TooManyRequests",
+                             "message": "Cannot evict pod as it would violate the pod's disruption budget."}
+            for budget in budgets:
+                budget = json.loads(json.dumps(budget))
+                budget["status"]["disruptionsAllowed"] -= 1
+                self.commit("poddisruptionbudgets", budget)
+            self.commit("pods", pod, "DELETED")
+            return 201, {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name,
+                                                                                   "namespace": namespace}}
 
     def open_watch(self, resource: str, query: dict, headers) -> _Watch:
         """A new watch (lock NOT held); its first lines queued: what changed since its version, or 410."""
@@ -357,7 +439,7 @@ class FakeServer:
                 finally:
                     cluster.clock.leave()
 
-            do_GET = do_PATCH = do_POST = _handle  # noqa: N815
+            do_GET = do_PATCH = do_POST = do_PUT = _handle  # noqa: N815
 
         self.httpd = ThreadingHTTPServer((address, 0), Handler)
         self.httpd.daemon_threads = True
