@@ -855,6 +855,10 @@ class Agent:
         if self.awaiting_rv and self.clock.monotonic() - self.awaiting_since < 2 * self.config["interval_seconds"]:
             return
         self.awaiting_rv = None
+        self._reconcile_now()
+
+    def _reconcile_now(self) -> None:
+        """One comparison and its writes, from the node as the agent last saw or wrote it."""
         pool, boot_id, verdict, faults, active, active_path = self.local
         stamp = now(self.clock.time())
         hold = holds_preflight(self.node, self.config.get("burn_in") or {})
@@ -867,10 +871,12 @@ class Agent:
                                       "application/strategic-merge-patch+json"))
         self.events.emit(update["events"])
         if self.repair(boot_id):
-            self.observe()      # a reset's new epoch: the faults as they are now, before the burn-in
-            if self.local is None:
-                return
-            pool, boot_id, verdict, faults, active, active_path = self.local
+            # A reset's new epoch, a failed repair: the faults as they are now, written, before a
+            # burn-in (the node just written is the one to compare with: no watch event to wait for).
+            self.observe()
+            if self.local is not None:
+                self._reconcile_now()
+            return
         if self.burn_in(pool, boot_id, verdict, faults, active, active_path):
             return
         if not faults and verdict is not None and verdict.get("passed") and self.pods_synced:
