@@ -54,6 +54,7 @@ NOT_RUN = {
         "installs .venv from the package index (minutes); tests/quickstart runs it as written on a fresh Debian 12",
     "aws sso login --profile corral-admin": "opens a browser",
     "gcloud auth login": "opens a browser",
+    "az login": "opens a browser",
     "gcloud auth application-default login": "opens a browser",
     "kubectl --kubeconfig alice.kubeconfig -n corral-monitoring port-forward svc/prometheus 9090":
         "runs until stopped; the test serves a fake Prometheus (CORRAL_PROMETHEUS_URL) instead",
@@ -66,6 +67,10 @@ def account() -> dict:
     state["pulumi"] = {"version": state["pulumi"]["version"], "stacks": []}   # not logged in yet
     state["aws"]["instance_types"].update({"m7i.2xlarge": 8, "r7i.xlarge": 4})
     state["gcloud"]["machine_types"].update({"n2-standard-8": 8, "c3-highmem-4": 4})
+    state["az"]["skus"].update({"Standard_D8s_v5": {"family": "standardDSv5Family", "vCPUs": 8},
+                                "Standard_E8s_v5": {"family": "standardESv5Family", "vCPUs": 8},
+                                "Standard_NC24ads_A100_v4": {"family": "StandardNCADSA100v4Family", "vCPUs": 24}})
+    state["az"]["usage"]["StandardNCADSA100v4Family"] = 96
     state["ping"]["answer"] = ["44.193.10.20"]       # the site's VPN gateway answers
     return state
 
@@ -314,6 +319,9 @@ CLOUD_GUIDES = [
                "gs://acme-corral-pulumi-state",
                lambda cloud, image: "projects/corral-lark/global/images/family/corral-gpu-node" == image
                and image in cloud["gcloud"]["images"], warnings={"cloud.permissions"}),
+    # Azure machines boot the Marketplace image: no image of the reader's to check.
+    CloudGuide("azure.md", "lemur", "azure", "eastus2", [("cpu", 0), ("gpu-a100", 1)], "gpu-a100",
+               "azblob://corral-state?storage_account=acmecorralstate", None),
 ]
 
 
