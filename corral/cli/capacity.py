@@ -73,21 +73,21 @@ def prometheus_urls(given: list[str], names: list[str], known: list[str]) -> dic
 
 def capacity(
     names: Annotated[list[str] | None, typer.Argument(
-        help="Clusters (clusters/<name>.yaml); default: every cluster file.", show_default=False,
+        metavar="CLUSTER", help="Clusters (clusters/<name>.yaml); default: every cluster file.", show_default=False,
         callback=_names)] = None,
     clusters: ClustersOption = DEFAULT_CLUSTERS,
     prometheus: Annotated[list[str] | None, typer.Option(
-        help="A cluster's global Prometheus as CLUSTER=URL, once per cluster; with one cluster a bare URL "
+        metavar="CLUSTER=URL", help="A cluster's global Prometheus as CLUSTER=URL, once per cluster; with one cluster a bare URL "
              f"(env CORRAL_PROMETHEUS_URL; default {DEFAULT_PROMETHEUS}, after kubectl -n corral-monitoring "
              "port-forward svc/prometheus 9090).", show_default=False)] = None,
     fits: Annotated[str | None, typer.Option(
-        help="Where a job fits now: GPUSxMODEL (64xH100, pods of a whole machine) or PODSxGPUSxMODEL "
+        metavar="SHAPE", help="Where a job fits now: GPUSxMODEL (64xH100, pods of a whole machine) or PODSxGPUSxMODEL "
              "(8x8xH100).", show_default=False)] = None,
     team: Annotated[str | None, typer.Option(
-        help="With --fits: the job's team, whose reserved pools count too (others' never do).",
+        metavar="TEAM", help="With --fits: the job's team, whose reserved pools count too (others' never do).",
         show_default=False)] = None,
     at: Annotated[str | None, typer.Option(
-        help="The moment to look at, ISO 8601 with offset (default: now).", show_default=False)] = None,
+        metavar="TIME", help="The moment to look at, ISO 8601 with offset (default: now).", show_default=False)] = None,
     output: Annotated[Format, typer.Option(
         "--output", "-o", help="table, json or chart (on stdout).")] = Format.table,
     out_file: Annotated[Path | None, typer.Option(
