@@ -91,11 +91,10 @@ _GPUS_REQUESTED = (
     ' * on (namespace, pod) group_left () (max by (namespace, pod) (kube_pod_status_phase{phase=~"Pending|Running"}) == 1)'
     ")"
 )
-QUERIES = (_NODE_LABELS, _ALLOCATABLE, _CORDONED, _OUT_OF_SERVICE_TAINTS, _NOT_READY, _GPUS_REQUESTED)
 
 
 class CapacityError(ValueError):
-    """Bad input (a --fits shape, a team, a missing Prometheus URL); the message says what to write."""
+    """A --fits shape that cannot be read or sized; the message says what to write."""
 
 
 # --- what Prometheus says ------------------------------------------------------------
@@ -335,7 +334,7 @@ def fit(capacity: ClusterCapacity, shape: JobShape, team: str | None) -> Fit:
                for level, found in domains.items()}
     total = pods_that_fit((n.free for n in nodes), shape.gpus_per_pod)
     fits = total >= shape.pods
-    level = next((lvl for lvl in ("host", "rack", "pool") if holding[lvl]), "cluster" if fits else None)
+    level = next((lvl for lvl in LEVELS if lvl in holding and holding[lvl]), "cluster" if fits else None)
     return Fit(capacity.cluster, str(shape), team, fits, total, level,
                holding["pool"], holding["rack"], holding["host"])
 
