@@ -359,7 +359,6 @@ def to_json(capacities: list[ClusterCapacity], clusters: dict[str, Cluster], fit
 
 __all__ = [
     "LEVELS",
-    "QUERIES",
     "VIEWS",
     "CapacityError",
     "ClusterCapacity",
