@@ -146,7 +146,10 @@ def capacity(
         # Recorded, not shown: the SVG is rich's export of the chart as the terminal would draw it.
         recorder = Console(record=True, width=120, file=io.StringIO())
         recorder.print(_chart(capacities, when))
-        write_atomic(out_file, recorder.export_svg(title=f"corral capacity {' '.join(chosen)}"))
+        try:
+            write_atomic(out_file, recorder.export_svg(title=f"corral capacity {' '.join(chosen)}"))
+        except OSError as error:
+            fail(f"--out {out_file}: cannot write it ({error.strerror})")
         err.print(f"wrote {out_file}", markup=False)
 
 

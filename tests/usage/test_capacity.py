@@ -245,6 +245,9 @@ def test_cli_chart_and_svg(servers, clusters, tmp_path):
     # 50 cells for the widest bar (jaguar's 128 GPUs): 38 used, 66 free, 24 unavailable, rounded.
     assert line.count("█") == round(38 * 50 / 128) + round(66 * 50 / 128) and line.count("░") == round(24 * 50 / 128)
     assert "38 used, 66 free, 24 unavailable of 128" in line
+    result = corral(*_fleet_args(servers, clusters), "--out", str(tmp_path / "missing" / "capacity.svg"))
+    assert result.returncode == 1 and "cannot write it (No such file or directory)" in result.stderr
+    assert "Traceback" not in result.stderr
     assert svg.read_text().startswith("<svg") and "jaguar H100" in svg.read_text().replace("&#160;", " ")
 
 
