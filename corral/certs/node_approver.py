@@ -29,8 +29,19 @@ request only when:
   on-prem, a host of the pool's host patterns in the cluster file (the full
   name or its first label); cloud, the pool's naming rule (its scale sets' or
   MIGs' instance names; on AWS the EC2 IP-based name, which does not tell
-  pools apart, so the requester's pool decides). No cloud API is asked
-  whether such an instance exists: see docs/addons.md.
+  pools apart, so the requester's pool decides);
+- cloud pools only: the cloud's API, asked read-only with the API servers'
+  own identity (corral/health/cloud_api.py, shipped beside this file), says
+  an instance whose node name is <name> exists in one of that pool's groups
+  (its ASG, zonal MIGs or scale sets, in this cluster's region and the API
+  servers' own project / subscription and resource group) and is running.
+  A name rule alone lets a token holder name a machine that does not exist
+  or that belongs to another pool's group. If the cloud cannot be asked, the
+  request is denied (a Denied condition saying so; the kubelet starts its TLS
+  bootstrap again with a new request). Answers are kept
+  MEMBERSHIP_CACHE_SECONDS per pool and name. On-prem pools keep the name
+  rule: there is no cloud API to ask, and the site's inventory in the
+  cluster file (reviewed like code) is the attestation.
 
 Anything else from a pool group is denied (a Denied condition with the reason,
 a log line, an Event); requests from outside the pool groups (kubelets
@@ -78,8 +89,11 @@ import urllib.request
 from dataclasses import dataclass
 
 try:
+    from corral.health import cloud_api
+
     from .kube_watch import API_ERRORS, RETRY_SECONDS, ListWatch, SystemClock, take_waiting
-except ImportError:   # run as a script from the ConfigMap: kube_watch.py is beside it
+except ImportError:   # run as a script from the ConfigMap: kube_watch.py and cloud_api.py are beside it
+    import cloud_api
     from kube_watch import API_ERRORS, RETRY_SECONDS, ListWatch, SystemClock, take_waiting
 
 SIGNER = "kubernetes.io/kube-apiserver-client-kubelet"
@@ -95,6 +109,10 @@ CLIENT_USAGES = (
 )
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 COMPONENT = "corral-node-approver"
+# How long the cloud's answer about one pool's node name is reused: a kubelet's retries
+# and a resync's second look cost no second call; an instance that stops is seen again
+# well within a join (kubeadm waits 5 minutes for the TLS bootstrap).
+MEMBERSHIP_CACHE_SECONDS = 30
 
 
 # --- a PKCS#10 request, read with the standard library ------------------------
@@ -267,12 +285,14 @@ def _condition_types(csr: dict) -> set[str]:
     return {c.get("type") for c in (csr.get("status") or {}).get("conditions") or []}
 
 
-def decide(csr: dict, config: dict, node_exists) -> Decision | None:
+def decide(csr: dict, config: dict, node_exists, cloud_membership=None) -> Decision | None:
     """What to do with `csr` (a CertificateSigningRequest as the API returns it).
 
     None: not this controller's to decide (another signer, already decided, a
     requester outside the corral pool groups). `node_exists(name)` says
-    whether a Node of that name exists.
+    whether a Node of that name exists; `cloud_membership(pool, name)` (a
+    CloudMembership) what the cloud says of a cloud pool's name, as a
+    Decision. Without it no cloud pool's name is approved.
     """
     spec = csr.get("spec") or {}
     if spec.get("signerName") != SIGNER or _condition_types(csr) & {"Approved", "Denied"}:
@@ -314,8 +334,88 @@ def decide(csr: dict, config: dict, node_exists) -> Decision | None:
         return deny("NotInPool", f"{name} is not a machine of pool {', '.join(requester_pools)}")
     if len(candidates) > 1:
         return deny("AmbiguousPool", f"{name} fits pools {', '.join(candidates)}: the request cannot say which")
-    return Decision(True, "CorralPoolMember", f"{name} is a machine of pool {candidates[0]} ({username})",
-                    candidates[0])
+    pool = candidates[0]
+    if config["pools"][pool].get("groups"):
+        if cloud_membership is None:
+            return deny("CloudCheckUnavailable", f"{name} of cloud pool {pool}: no cloud API to confirm the instance")
+        confirmed = cloud_membership(pool, name)
+        if not confirmed.approve:
+            return confirmed
+        return Decision(True, "CorralPoolMember", f"{name} is a machine of pool {pool} ({username}): "
+                        f"{confirmed.message}", pool)
+    return Decision(True, "CorralPoolMember", f"{name} is a machine of pool {pool} ({username})", pool)
+
+
+# --- the cloud's word on a cloud pool's node name (impure) -------------------------------
+
+
+class CloudMembership:
+    """Whether a cloud pool's node name is a running instance of one of the pool's groups,
+    as the cloud's API says (read-only: cloud_api.find_instance), as a Decision whose
+    message names the instance or what was looked for. Answers are kept
+    MEMBERSHIP_CACHE_SECONDS per (pool, name); an API failure is never kept. `counts`
+    tallies the outcomes (logged with each check)."""
+
+    def __init__(self, config: dict, session=None, clock=time.monotonic) -> None:
+        self.config = config
+        self._session = session
+        self.clock = clock
+        self.cache: dict[tuple[str, str], tuple[float, Decision]] = {}
+        self.counts: dict[str, int] = {}
+
+    def session(self):
+        if self._session is None:
+            self._session = cloud_api.CloudSession.from_metadata(self.config["cloud"])
+        return self._session
+
+    def groups(self, pool: str) -> list:
+        """The pool's groups as the cloud client takes them: names, region and zones from the
+        cluster file, project / subscription and resource group the API servers' own."""
+        where = self.session().identity()
+        return [cloud_api.Group(g["provider"], g["name"], g["region"], tuple(g["zones"]),
+                                project=where.get("project", ""), subscription=where.get("subscription", ""),
+                                resource_group=where.get("resource_group", ""))
+                for g in self.config["pools"][pool]["groups"]]
+
+    def __call__(self, pool: str, name: str) -> Decision:
+        now = self.clock()
+        kept = self.cache.get((pool, name))
+        if kept and kept[0] > now:
+            self._count(kept[1].reason, pool, name, cached=True)
+            return kept[1]
+        try:
+            decision = self._ask(pool, name)
+        except cloud_api.CloudApiError as err:
+            decision = Decision(False, "CloudApiError", f"could not confirm {name} is an instance of pool {pool}: "
+                                f"{err}; denied, never approved on a name alone")
+            self._count(decision.reason, pool, name, cached=False)
+            return decision
+        self.cache = {key: kept for key, kept in self.cache.items() if kept[0] > now}
+        self.cache[(pool, name)] = (now + MEMBERSHIP_CACHE_SECONDS, decision)
+        self._count(decision.reason, pool, name, cached=False)
+        return decision
+
+    def _ask(self, pool: str, name: str) -> Decision:
+        groups = self.groups(pool)
+        session = self.session()
+        found = [i for i in (cloud_api.find_instance(g, name, session=session) for g in groups) if i is not None]
+        running = [i for i in found if i.running]
+        if running:
+            instance = running[0]
+            return Decision(True, "CloudInstance", f"the {instance.provider} API says instance "
+                            f"{instance.instance_id} of {instance.group} ({instance.zone or 'no zone'}) is running",
+                            pool)
+        if found:
+            states = ", ".join(f"{i.instance_id} in {i.group}: {i.state}" for i in found)
+            return Decision(False, "InstanceNotRunning", f"{name}'s instance in pool {pool}'s groups is not "
+                            f"running ({states})")
+        names = ", ".join(g.name for g in groups)
+        return Decision(False, "NoCloudInstance", f"the {self.config['cloud']} API knows no instance named {name} "
+                        f"in pool {pool}'s groups ({names}) of this cluster")
+
+    def _count(self, outcome: str, pool: str, name: str, cached: bool) -> None:
+        self.counts[outcome] = self.counts.get(outcome, 0) + 1
+        log(cloud_check=name, pool=pool, outcome=outcome, cached=cached, counts=dict(self.counts))
 
 
 def approved_pools(csrs: list[dict], config: dict) -> dict[str, str]:
@@ -491,8 +591,10 @@ class Approver:
     nodes are watched.
     """
 
-    def __init__(self, api: Api, config: dict, clock=SystemClock, rng: random.Random | None = None) -> None:
+    def __init__(self, api: Api, config: dict, clock=SystemClock, rng: random.Random | None = None,
+                 membership: CloudMembership | None = None) -> None:
         self.api, self.config, self.clock = api, config, clock
+        self.membership = membership or CloudMembership(config)
         self.rng = rng or random.Random()
         self.inbox = clock.queue()
         self.stopped = False
@@ -542,7 +644,8 @@ class Approver:
         if not self.csrs_synced:
             return
         for name in sorted(self.csrs):
-            decision = decide(self.csrs[name], self.config, lambda node: node_exists(self.api, node))
+            decision = decide(self.csrs[name], self.config, lambda node: node_exists(self.api, node),
+                              self.membership)
             if decision is not None:
                 self.csrs[name] = record(self.api, self.csrs[name], decision)
                 self.approved = None
@@ -608,9 +711,9 @@ class Approver:
 STOP = ("stop",)
 
 
-def once(api: Api, config: dict) -> None:
+def once(api: Api, config: dict, membership: CloudMembership | None = None) -> None:
     """One pass from consistent reads (`--once`: debugging, tests): the loop's decisions and writes."""
-    approver = Approver(api, config)
+    approver = Approver(api, config, membership=membership)
     approver.take(("sync", "csrs", api.call("GET", f"{CSR_PATH}?{CSR_SELECTOR}").get("items", [])))
     approver.take(("sync", "nodes", api.call("GET", NODES_PATH).get("items", [])))
     approver.reconcile()

@@ -278,26 +278,31 @@ class CloudSession:
     def credential(self) -> dict[str, Any]:
         if self._fresh():
             return self._credential   # type: ignore[return-value]
+        try:
+            self._credential = self._fetch_credential()
+        except (KeyError, TypeError, ValueError, IndexError) as err:
+            raise CloudApiError(f"{self.cloud} metadata service: a credential in an unexpected shape "
+                                f"({type(err).__name__})") from None
+        return self._credential
+
+    def _fetch_credential(self) -> dict[str, Any]:
         if self.cloud == "aws":
             headers = self._aws_metadata()
             role = self._metadata("GET", "/latest/meta-data/iam/security-credentials/", headers,
                                   "IMDS role name").decode().split()[0]
             data = _json(self._metadata("GET", f"/latest/meta-data/iam/security-credentials/{role}", headers,
                                         "IMDS role credentials"), "IMDS role credentials")
-            expires = _rfc3339(data.get("Expiration", ""))
-            self._credential = {"access_key": data["AccessKeyId"], "secret_key": data["SecretAccessKey"],
-                                "token": data.get("Token", ""), "expires": expires}
-        elif self.cloud == "gcp":
+            return {"access_key": data["AccessKeyId"], "secret_key": data["SecretAccessKey"],
+                    "token": data.get("Token", ""), "expires": _rfc3339(data.get("Expiration", ""))}
+        if self.cloud == "gcp":
             data = _json(self._metadata("GET", "/computeMetadata/v1/instance/service-accounts/default/token",
                                         {"Metadata-Flavor": "Google"}, "GCE metadata token"), "GCE metadata token")
-            self._credential = {"token": data["access_token"], "expires": self.clock() + float(data["expires_in"])}
         else:
             query = urllib.parse.urlencode({"api-version": AZURE_IMDS_TOKEN_API_VERSION,
                                             "resource": AZURE_MANAGEMENT_RESOURCE})
             data = _json(self._metadata("GET", f"/metadata/identity/oauth2/token?{query}", {"Metadata": "true"},
                                         "Azure IMDS token"), "Azure IMDS token")
-            self._credential = {"token": data["access_token"], "expires": self.clock() + float(data["expires_in"])}
-        return self._credential
+        return {"token": data["access_token"], "expires": self.clock() + float(data["expires_in"])}
 
     def identity(self) -> dict[str, str]:
         """Where this machine is: GCP {project}, Azure {subscription, resource_group}, AWS {}."""
@@ -310,8 +315,10 @@ class CloudSession:
                 query = urllib.parse.urlencode({"api-version": AZURE_IMDS_INSTANCE_API_VERSION})
                 data = _json(self._metadata("GET", f"/metadata/instance/compute?{query}", {"Metadata": "true"},
                                             "Azure IMDS compute"), "Azure IMDS compute")
-                self._identity = {"subscription": data["subscriptionId"],
-                                  "resource_group": data["resourceGroupName"]}
+                if not isinstance(data, dict) or not data.get("subscriptionId") or not data.get("resourceGroupName"):
+                    raise CloudApiError("Azure IMDS compute: no subscriptionId and resourceGroupName")
+                self._identity = {"subscription": str(data["subscriptionId"]),
+                                  "resource_group": str(data["resourceGroupName"])}
             else:
                 self._identity = {}
         return self._identity
@@ -486,7 +493,12 @@ def find_instance(group: NodeGroup | Group, node_name: str, *, session: CloudSes
     group has no such instance). Read-only. CloudApiError when the cloud cannot be asked."""
     if group.provider != session.cloud:
         raise CloudApiError(f"group {group.name} is on {group.provider}, this session on {session.cloud}")
-    return _FIND[group.provider](group, node_name, session)
+    try:
+        return _FIND[group.provider](group, node_name, session)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        # An answer not shaped as the API reference says (or a metadata service that is not one).
+        raise CloudApiError(f"{group.provider} answered {group.name}'s lookup of {node_name} in an unexpected "
+                            f"shape ({type(err).__name__})") from None
 
 
 # --- replace_instance ---------------------------------------------------------------------
@@ -499,6 +511,14 @@ def replace_instance(target: Target, *, session: CloudSession) -> None:
     group, claim = target.group, target.claim
     if group.provider != session.cloud:
         raise CloudApiError(f"group {group.name} is on {group.provider}, this session on {session.cloud}")
+    try:
+        _replace(group, claim, session)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise CloudApiError(f"{group.provider} answered the replacement of {claim.instance} in an unexpected "
+                            f"shape ({type(err).__name__})") from None
+
+
+def _replace(group: NodeGroup | Group, claim: Any, session: CloudSession) -> None:
     if group.provider == "aws":
         session.aws_query("autoscaling", group.region, {
             "Action": "TerminateInstanceInAutoScalingGroup", "Version": AUTOSCALING_API_VERSION,

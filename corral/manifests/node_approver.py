@@ -16,7 +16,9 @@ Three parts, all rendered from the cluster file:
    bootstrap` (ClusterRole `system:certificates.k8s.io:certificatesigningrequests:
    nodeclient`): that is what let kube-controller-manager approve any name.
 2. corral-node-approver (corral/certs/node_approver.py): approves a pool
-   token's kubelet client request only for a machine of that pool, denies the
+   token's kubelet client request only for a machine of that pool (for a
+   cloud pool, one its cloud's API says is a running instance of the pool's
+   groups: corral/health/cloud_api.py, which ships beside it), denies the
    rest, labels pool nodes with `node-restriction.kubernetes.io/corral-pool`
    and `.../corral-team`, which no kubelet may set, and every node with
    `.../corral-monitoring-shard`, the Prometheus shard that scrapes it.
@@ -31,6 +33,7 @@ from pathlib import Path
 
 from corral.certs import kube_watch
 from corral.certs import node_approver as controller
+from corral.health import cloud_api
 from corral.health.addon import IMAGE
 from corral.model.layout import layout
 from corral.model.schema import Cluster
@@ -47,6 +50,7 @@ SERVICE_ACCOUNT_USER = f"system:serviceaccount:{NAMESPACE}:{NAME}"
 # client) ships beside it.
 CODE = Path(controller.__file__)
 WATCH_CODE = Path(kube_watch.__file__)
+CLOUD_CODE = Path(cloud_api.__file__)
 # It watches (a joining kubelet's request is decided when its watch event
 # arrives, well within kubeadm's 5-minute TLS bootstrap, constants.TLSBootstrapTimeout)
 # and relists once per RESYNC_SECONDS, at a jittered point (issue 28, item 2).
@@ -75,6 +79,19 @@ def cloud_name_patterns(cluster: Cluster, pool) -> list[str]:
     return ["ip-" + "-".join(["[0-9]{1,3}"] * 4) + f"(\\.({region}\\.compute|ec2)\\.internal)?"]
 
 
+def cloud_groups(cluster: Cluster, pool) -> list[dict]:
+    """A cloud pool's groups as the approver asks its cloud about them: the ASG (every zone
+    of the pool), or one MIG / scale set per zone (policy.autoscaler_node_groups names them
+    as corral/infra/<cloud>/nodepools.py creates them). The project, subscription and
+    resource group are not here: the approver reads them from the API servers' own
+    metadata, the machines it runs on being this cluster's."""
+    region = cluster.control_plane.region
+    zones = list(pool.zones or cluster.control_plane.zones)
+    return [{"provider": pool.provider, "name": group.name, "region": region,
+             "zones": [group.zone] if group.zone else zones}
+            for group in policy.autoscaler_node_groups(cluster) if group.pool == pool.name]
+
+
 def reserved_names(cluster: Cluster) -> list[str]:
     """Node names no pool token may have: the API servers' and the etcd members'."""
     lay = layout(cluster)
@@ -91,8 +108,11 @@ def config(cluster: Cluster) -> dict:
             entry["hosts"] = list(pool.hosts)
         else:
             entry["name_patterns"] = cloud_name_patterns(cluster, pool)
+            entry["groups"] = cloud_groups(cluster, pool)
         pools[pool.name] = entry
     return {
+        # The cloud whose API confirms a cloud pool's instance (the API servers' own).
+        "cloud": cluster.control_plane.cloud,
         "labels": {"pool": policy.POOL_NODE_LABEL, "team": policy.TEAM_NODE_LABEL,
                    "monitoring_shard": monitoring.SHARD_NODE_LABEL},
         # The shards' hashmod modulus: a new shard count changes this file, so the
@@ -108,6 +128,7 @@ def files(cluster: Cluster) -> dict[str, str]:
     return {
         "node_approver.py": CODE.read_text(),
         "kube_watch.py": WATCH_CODE.read_text(),
+        "cloud_api.py": CLOUD_CODE.read_text(),
         "config.json": json.dumps(config(cluster), indent=2, sort_keys=True) + "\n",
     }
 

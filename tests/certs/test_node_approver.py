@@ -138,16 +138,20 @@ def test_an_existing_nodes_name_is_denied():
 
 
 def test_a_cloud_pool_token_gets_its_scale_sets_names_only():
-    assert decide(JAGUAR, csr("jaguar-cpu-d64-2-0a1b2c", [AZURE_CPU])).approve
-    assert not decide(JAGUAR, csr("jaguar-cpu-d64-9-0a1b2c", [AZURE_CPU])).approve   # no such zone's scale set
-    assert not decide(JAGUAR, csr("gpu-001.sf1.internal", [AZURE_CPU])).approve      # an on-prem host
+    # The name rule first: a name none of the pool's scale sets can give is denied unasked ...
+    assert decide(JAGUAR, csr("jaguar-cpu-d64-9-0a1b2c", [AZURE_CPU])).reason == "NotInPool"  # no such zone's set
+    assert decide(JAGUAR, csr("gpu-001.sf1.internal", [AZURE_CPU])).reason == "NotInPool"      # an on-prem host
+    # ... a name one can give goes on to the cloud's API (tests/certs/test_node_approver_cloud.py);
+    # with no cloud to ask, it is denied too.
+    assert decide(JAGUAR, csr("jaguar-cpu-d64-2-0a1b2c", [AZURE_CPU])).reason == "CloudCheckUnavailable"
 
 
 def test_on_aws_the_requesters_pool_decides_and_other_teams_pools_stay_theirs():
     inference = pool_token_group("gpu-a10g-inference")
+    # Every AWS pool's rule fits an EC2 name: the requester's pool is the one the cloud is asked about.
     decision = decide(HERON, csr("ip-10-20-3-4.ec2.internal", [inference]))
-    assert decision.approve and decision.pool == "gpu-a10g-inference"
-    assert not decide(HERON, csr("heron-apiserver-1", [inference])).approve
+    assert decision.reason == "CloudCheckUnavailable" and "pool gpu-a10g-inference" in decision.message
+    assert decide(HERON, csr("heron-apiserver-1", [inference])).reason == "ReservedName"
 
 
 @pytest.mark.parametrize("why, request_args, reason", [

@@ -115,6 +115,7 @@ class FakeCloudApi(_FakeServer):
         self.instances = instances
         self.calls: list[tuple[str, str]] = []
         self.fail: int | None = None          # answer every call with this HTTP status
+        self.malformed = False                # answer GCP and Azure calls with a JSON list, not an object
         self.azure_page_size = 2
         self.ca, cert, key = make_ca_and_cert(folder, "127.0.0.1")
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -145,6 +146,10 @@ class FakeCloudApi(_FakeServer):
             _reply(handler, 404, b"{}", "application/json")
 
     def _refuse(self, handler, cloud: str, operation: str) -> bool:
+        if self.malformed and cloud != "aws":
+            self.calls.append((cloud, operation))
+            _reply(handler, 200, b"[]", "application/json")
+            return True
         if self.fail is None:
             return False
         self.calls.append((cloud, operation))

@@ -171,6 +171,13 @@ def test_an_api_error_is_a_cloud_api_error_without_credentials(cloud, group):
         assert secret not in message
 
 
+@pytest.mark.parametrize("group", [GCP_GROUP, AZURE_GROUP], ids=lambda g: g.provider)
+def test_an_answer_of_the_wrong_shape_is_a_cloud_api_error(cloud, group):
+    cloud.malformed = True
+    with FakeMetadata(group.provider) as metadata, pytest.raises(cloud_api.CloudApiError, match="unexpected shape"):
+        cloud_api.find_instance(group, "x", session=session_for(group.provider, cloud, metadata))
+
+
 def test_no_metadata_service_is_a_cloud_api_error(cloud):
     session = cloud_api.CloudSession("gcp", metadata_url="http://127.0.0.1:9", **cloud.session_args())
     with pytest.raises(cloud_api.CloudApiError, match="GCE metadata token"):
