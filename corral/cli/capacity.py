@@ -128,6 +128,12 @@ def capacity(
     except (PrometheusError, CapacityError) as error:
         fail(str(error))
     answers = [fit(c, shape, team) for c in capacities] if shape is not None else None
+    for capacity in capacities:
+        if not capacity.nodes:
+            # Most often a port-forward to the wrong Prometheus, or a time before its data.
+            err.print(f"warning: cluster {capacity.cluster}: {capacity.prometheus} has no GPU nodes at that time "
+                      "(kube_node_labels with corral.dev/gpu-model); is it the cluster's global Prometheus?",
+                      markup=False)
 
     when = datetime.fromtimestamp(moment).astimezone().isoformat(timespec="minutes")
     if output is Format.json:

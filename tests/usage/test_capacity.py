@@ -193,8 +193,8 @@ def test_an_unreachable_prometheus_names_the_cluster(fleet):
 # --- the command ------------------------------------------------------------------------------
 
 
-def _fleet_args(servers, clusters) -> list[str]:
-    args = ["capacity", "--clusters", str(clusters), "--at", AT_ISO]
+def _fleet_args(servers, clusters, at: str = AT_ISO) -> list[str]:
+    args = ["capacity", "--clusters", str(clusters), "--at", at]
     for name, url in servers.items():
         args += ["--prometheus", f"{name}={url}"]
     return args
@@ -270,5 +270,9 @@ def test_cli_errors_are_one_line(servers, clusters):
     result = corral(*_fleet_args(dict(servers, heron="http://admin:hunter2@127.0.0.1:9"), clusters))
     assert result.returncode == 1 and "cluster heron: --prometheus must not carry credentials" in result.stderr
     assert "hunter2" not in result.stderr + result.stdout
+    before = datetime.fromtimestamp(synthetic.START - 86_400, UTC).isoformat()
+    result = corral(*_fleet_args(servers, clusters, at=before))
+    assert result.returncode == 0, result.stderr
+    assert f"warning: cluster ibis: {servers['ibis']} has no GPU nodes at that time" in result.stderr
     result = corral("capacity", "--clusters", str(clusters), "condor")
     assert result.returncode == 1 and "no cluster condor" in result.stderr
