@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import pulumi
 import pulumi_aws as aws
 
+from corral.health import cloud_api
 from corral.machine.api_server import API_DNS_NAME_TAG, api_vips_by_zone
 from corral.infra.platform import ClusterContext
 from corral.model.layout import API_PORT
@@ -32,7 +33,14 @@ LB_NAME_MAX = 32
 def autoscaler_policy(cluster_name: str) -> dict:
     """What cluster-autoscaler's AWS provider needs (its README's "full
     cluster autoscaler features policy"), with the two calls that change
-    capacity limited to ASGs tagged as this cluster's."""
+    capacity limited to ASGs tagged as this cluster's; and what corral's own
+    in-cluster cloud client (corral/health/cloud_api.py) calls with this
+    identity: corral-node-approver finds a joining node's instance
+    (ec2:DescribeInstances, read-only; EC2's Describe actions support no
+    resource-level permissions, so its Resource is "*": EC2 User Guide,
+    "Identity-based policies for Amazon EC2"), and the repair controller
+    replaces one (TerminateInstanceInAutoScalingGroup, already limited to this
+    cluster's ASGs by their tag)."""
     return {
         "Version": "2012-10-17",
         "Statement": [
@@ -50,6 +58,12 @@ def autoscaler_policy(cluster_name: str) -> dict:
                     "ec2:DescribeLaunchTemplateVersions",
                     "ec2:GetInstanceTypesFromInstanceRequirements",
                 ],
+                "Resource": "*",
+            },
+            {
+                "Sid": "FindNodeInstances",
+                "Effect": "Allow",
+                "Action": list(cloud_api.READ_PERMISSIONS["aws"]),
                 "Resource": "*",
             },
             {
