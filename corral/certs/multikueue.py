@@ -15,9 +15,10 @@ credential on each worker") runs, per worker:
    may do is the ClusterRole corral/manifests/multikueue.py renders on the
    worker (Kueue's documented rules, only for the job kinds the fleet file
    dispatches);
-2. a kubeconfig holding that token and the worker's CA and server, and
-   nothing Kueue refuses (no exec plugin, no file paths: Kueue validates
-   kubeconfigs against code execution, docs/tasks/manage/setup_multikueue.md);
+2. a kubeconfig holding that token and the worker's CA and server, all
+   embedded: it is read from a Secret inside Kueue's pod, where no file path
+   of the operator's machine exists, and it runs no exec plugin (later Kueue
+   releases refuse those outright, setup_multikueue.md "Security Notice");
 3. the kubeconfig in the manager cloud's secret store, beside the manager's
    other secrets (AWS Secrets Manager `corral/<manager>/multikueue-<worker>`,
    GCP Secret Manager `<manager>-multikueue-<worker>`, Azure Key Vault
@@ -26,7 +27,7 @@ credential on each worker") runs, per worker:
 4. the same kubeconfig in the manager's Secret `kueue-system/multikueue-<worker>`,
    key `kubeconfig`, which the MultiKueueCluster names (Kueue reads the key
    `kubeconfig` of a Secret in its own namespace: site/static/examples/
-   multikueue/multikueue-setup.yaml, v0.19.2);
+   multikueue/multikueue-setup.yaml, v0.12.10, the pinned release);
 5. on the worker, the binding Secrets of earlier runs are deleted, which
    revokes their tokens at once (the API server rejects a token whose bound
    object is gone).
@@ -145,7 +146,7 @@ def worker_credential(access, manager: str, ttl: timedelta = DEFAULT_TTL) -> Wor
     except (KeyError, IndexError, TypeError):
         raise MultiKueueCredentialError(
             "the worker's kubeconfig names no server with certificate-authority-data (an embedded CA): "
-            "the manager's kubeconfig must carry the CA, since Kueue refuses file paths in it") from None
+            "the manager's kubeconfig must carry the CA, since Kueue reads it where no file path exists") from None
     binding = f"corral-multikueue-{manager}-{secrets.token_hex(4)}"
     bound_to = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                 "metadata": {"name": binding, "namespace": NAMESPACE, "labels": {MANAGED_LABEL: manager}}}

@@ -38,12 +38,12 @@ from .schema import Cluster, Description, Name, Spec, Team, shown
 FLEET_FILE = "fleet.yaml"
 FLEET_KIND = "Fleet"
 
-# MultiKueueConfig.spec.clusters holds 1-20 names (kubebuilder MinItems=1,
-# MaxItems=20 in kueue apis/kueue/v1beta2/multikueue_types.go, v0.19.2).
-MAX_WORKERS = 20
+# MultiKueueConfig.spec.clusters holds 1-10 names (minItems 1, maxItems 10 in the pinned
+# CRD, tests/manifests/kueue_crds/v0.12.10/kueue.x-k8s.io_multikueueconfigs.yaml).
+MAX_WORKERS = 10
 
 # Go's time.ParseDuration units, as metav1.Duration reads `workerLostTimeout`
-# (kueue apis/config/v1beta2/configuration_types.go, MultiKueue.WorkerLostTimeout).
+# (kueue apis/config/v1beta1/configuration_types.go, MultiKueue.WorkerLostTimeout, v0.12.10).
 _GO_DURATION = re.compile(r"([0-9]+(\.[0-9]+)?(h|m|s|ms))+\Z")
 
 
@@ -239,7 +239,9 @@ def check_fleet_file(spec: FleetFile, fleet: Fleet, clusters_dir: Path) -> Itera
         if worker == mk.manager:
             # Kueue: "We do not currently support running the manager cluster
             # as one of the workers for itself" (site/content/en/docs/concepts/
-            # multikueue.md, Limitations, v0.19.2).
+            # multikueue.md, Limitations, written down in v0.17 and true of the
+            # pinned v0.12.10: the remote Workload would be the local one, same
+            # namespace and name on the same API server).
             yield where, (f"{shown(worker)} is the manager: Kueue does not support a manager that is a worker "
                           "of itself (Kueue docs, MultiKueue, Limitations); jobs meant to run on the manager "
                           "go to a team that is not dispatched")
