@@ -249,6 +249,10 @@ AddressPattern = Annotated[
     str, AfterValidator(check_address_pattern),
     WithJsonSchema({"type": "string", "pattern": "^[0-9A-Fa-f:.\\[\\]]{2,80}$"}),
 ]
+RackPattern = Annotated[
+    str, AfterValidator(_pattern_check(hostnames.check_racks)),
+    WithJsonSchema({"type": "string", "pattern": "^[a-z0-9\\[\\]:-]{1,80}$"}),
+]
 HostOrAddress = Annotated[str, AfterValidator(check_host_or_address),
                           WithJsonSchema({"type": "string", "maxLength": 253})]
 KubernetesVersion = Annotated[
@@ -999,6 +1003,12 @@ class OnPremPool(PoolBase):
         description="One per hosts entry: its hosts' IP addresses in the same range syntax and count, or null "
         "to reach those hosts by name; unset: every host by name.",
     )
+    racks: list[RackPattern] | None = Field(
+        None,
+        description="One per hosts entry: the racks its hosts are in, in the same range syntax (sf1-r[01:08] "
+        "beside gpu-[001:064].sf1.internal: 8 racks of 8 hosts, in order); the count must divide the hosts "
+        "evenly. Each node gets the label corral.dev/rack, Kueue's topology level; unset: no rack labels.",
+    )
     ssh: Ssh | None = Field(None, description="Overrides the site's ssh settings key by key; unset: the site's.")
     roce: Roce | None = Field(None, description="RoCE v2 host QoS of the hosts' RDMA NICs; unset: no RoCE.")
 
@@ -1018,6 +1028,19 @@ class OnPremPool(PoolBase):
             if addresses is not None:
                 pairs.update(zip(hostnames.expand(names), hostnames.expand_addresses(addresses)))
         return pairs
+
+    @cached_property
+    def host_racks(self) -> dict[str, str]:
+        """Host name -> its rack: from `racks` (each rack an equal run of its
+        hosts entry's hosts, in order), or every host in the one rack a pool
+        without racks names in its corral.dev/rack label; else {}. Assumes the rules passed."""
+        if self.racks is None:
+            rack = self.labels.get(hostnames.RACK_LABEL)
+            return dict.fromkeys(self.host_names, rack) if rack else {}
+        racks: dict[str, str] = {}
+        for names, rack_pattern in zip(self.hosts, self.racks or []):
+            racks.update(hostnames.assign_racks(hostnames.expand(names), hostnames.expand_racks(rack_pattern)))
+        return racks
 
     @property
     def capacity(self) -> int:
