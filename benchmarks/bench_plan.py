@@ -35,6 +35,8 @@ EXAMPLES = ROOT / "clusters"
 TARGET_SECONDS = 3.0
 
 HOSTS_LINE = 'hosts: ["gpu-[001:064].sf1.internal"]'
+# The pool's 8 racks would not divide the grown pools: the cases drop them.
+RACKS_LINE = '\n    racks: ["sf1-r[01:08]"]'
 POOL_MAX = "maxSize: 200"
 NETWORK = "networkCIDR: 10.200.0.0/20"
 WIDE_NETWORK = "networkCIDR: 10.200.0.0/16"
@@ -84,9 +86,10 @@ def pinned(events: bool) -> dict[str, str]:
 
 
 CASES = [
-    ("on-prem hosts 100", {**pinned(False), HOSTS_LINE: hosts(100)}),
-    ("on-prem hosts 7,500", {**pinned(False), HOSTS_LINE: hosts(7_428)}),  # + 72 in the other pools
-    ("on-prem hosts 7,500, events etcd default", {NETWORK: WIDE_NETWORK, POD_NETWORK: WIDE_POD_NETWORK, HOSTS_LINE: hosts(7_428)}),
+    ("on-prem hosts 100", {**pinned(False), HOSTS_LINE: hosts(100), RACKS_LINE: ""}),
+    ("on-prem hosts 7,500", {**pinned(False), HOSTS_LINE: hosts(7_428), RACKS_LINE: ""}),  # + 72 in the other pools
+    ("on-prem hosts 7,500, events etcd default", {NETWORK: WIDE_NETWORK, POD_NETWORK: WIDE_POD_NETWORK, HOSTS_LINE: hosts(7_428),
+      RACKS_LINE: ""}),
     ("pool max 10", {**pinned(False), POOL_MAX: "maxSize: 10"}),
     ("pool max 5,000", {**pinned(False), POOL_MAX: "maxSize: 5000"}),
 ]

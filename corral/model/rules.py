@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterator, Mapping
 
 from .containerd import containerd_error, pause_error
-from .hosts import expand, expand_addresses
+from .hosts import RACK_LABEL, HostPatternError, assign_racks, expand, expand_addresses, expand_racks
 from .layout import MAX_ZONES, layout, network_too_small
 from .disks import DISK_TYPES, attach_floor_error, disk_types_for, etcd_iops_floor, machine_series
 from .gpu_catalog import (
@@ -74,6 +74,7 @@ def check_cluster(cluster: Cluster, data: Mapping | None = None) -> list[Finding
         *_teams(cluster),
         *_rdma_resources(cluster),
         *_host_addresses(cluster),
+        *_host_racks(cluster),
     ]
 
 
@@ -561,6 +562,32 @@ def _host_addresses(cluster: Cluster) -> Iterator[Finding]:
                     yield (*here, j), f"{address} ({name}) is already the address of {other}"
                     break
                 owner[address] = name
+
+
+def _host_racks(cluster: Cluster) -> Iterator[Finding]:
+    """A pool's racks: one entry per hosts entry, each dividing its hosts
+    evenly (an equal run of hosts per rack, in order: OnPremPool.host_racks)."""
+    for i, pool in enumerate(cluster.node_pools):
+        if not isinstance(pool, OnPremPool) or pool.racks is None:
+            continue
+        here = ("nodePools", i, "racks")
+        if RACK_LABEL in pool.labels:
+            # A pool label puts every host in one rack (a pool without racks
+            # may say so); beside racks it would contradict them.
+            yield ("nodePools", i, "labels", RACK_LABEL), (
+                f"'{RACK_LABEL}' comes from the pool's racks; remove the label (or the racks)"
+            )
+        if len(pool.racks) != len(pool.hosts):
+            yield here, (
+                f"{len(pool.racks)} racks entries for {len(pool.hosts)} hosts entries: "
+                "give one per hosts entry, in the same order"
+            )
+            continue
+        for j, (names_pattern, pattern) in enumerate(zip(pool.hosts, pool.racks)):
+            try:
+                assign_racks(expand(names_pattern), expand_racks(pattern))
+            except HostPatternError as err:
+                yield (*here, j), f"'{pattern}' beside hosts entry '{names_pattern}': {err}"
 
 
 def _fleet_host_addresses(clusters: Mapping[str, Cluster]) -> Iterator[tuple[str, tuple, str]]:

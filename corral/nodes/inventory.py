@@ -32,6 +32,7 @@ from corral.machine import kubelet_reservations
 from corral.machine.gpu_preflight import expectations as preflight_expectations
 from corral.model import Cluster, OnPremPool
 from corral.model.containerd import pause_image
+from corral.model.hosts import RACK_LABEL
 
 from .known_hosts import jump_login, ssh_path
 
@@ -185,10 +186,20 @@ def host_vars(cluster: Cluster, pool: OnPremPool, options: list[str]) -> dict[st
     it is reached (HostKeyAlias takes no %-tokens: one value per host).
     ansible_ssh_common_args, not ..._extra_args: scp and sftp need it too."""
     found = {}
+    pool_labels = cluster.node_labels(pool)
     for host in pool.host_names:
         found[host] = {"ansible_ssh_common_args": shlex.join([*options, "-o", f"HostKeyAlias={host}"])}
         if host in pool.host_addresses:
             found[host]["ansible_host"] = pool.host_addresses[host]
+        if pool.racks and host in pool.host_racks:
+            # A host variable replaces the pool group's corral_node_labels
+            # whole (Ansible does not merge dicts across groups and hosts by
+            # default, hash_behaviour=replace), so it carries the pool's labels
+            # plus the host's rack. The kubelet registers with it (kubelet_join,
+            # --node-labels); NodeRestriction lets a kubelet set corral.dev/
+            # labels, it refuses only node-restriction.kubernetes.io/ and most
+            # kubernetes.io/k8s.io ones (policy.NODE_RESTRICTION_PREFIX).
+            found[host]["corral_node_labels"] = pool_labels | {RACK_LABEL: pool.host_racks[host]}
     return found
 
 

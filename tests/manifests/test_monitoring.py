@@ -52,6 +52,7 @@ def big(tmp_path: Path, hosts: int = 7_500) -> Cluster:
     """jaguar with its on-prem GPU pool grown so the cluster holds `hosts` + 72 + 200 nodes."""
     return variant(tmp_path, "jaguar", ('hosts: ["gpu-[001:064].sf1.internal"]',
                                         f'hosts: ["gpu-[00001:{hosts:05d}].sf1.internal"]'),
+                   ('\n    racks: ["sf1-r[01:08]"]', ""),  # its 8 racks would not divide the grown pool
                    ("podCIDR: 10.128.0.0/14", "podCIDR: 10.128.0.0/11"))
 
 
@@ -123,7 +124,8 @@ def test_7500_nodes_make_eight_shards_each_keeping_its_hash(tmp_path):
             assert keep == {"source_labels": [hashmod["target_label"]], "regex": str(shard), "action": "keep"}
     # Per-node targets only on the shards; cluster-wide ones only on the global server.
     global_jobs = {j["job_name"] for j in files["prometheus.yml"]["scrape_configs"]}
-    assert global_jobs == {"kube-state-metrics", "apiserver", "federate-shards", "etcd-members"}
+    # corral-repair: the GPU repair controller's metrics (corral/manifests/repair.py scrape_jobs).
+    assert global_jobs == {"kube-state-metrics", "apiserver", "federate-shards", "etcd-members", "corral-repair"}
     federate = next(j for j in files["prometheus.yml"]["scrape_configs"] if j["job_name"] == "federate-shards")
     assert federate["static_configs"][0]["targets"] == [
         f"prometheus-shard-{i}.{NS}.svc:9090" for i in range(8)]

@@ -47,6 +47,7 @@ def grown(tmp_path: Path, hosts: int, api_machine: str | None = None) -> Cluster
     """jaguar (Azure, 5 Standard_D32s_v5 API servers) with its on-prem GPU pool at `hosts` hosts."""
     text = (ROOT / "clusters" / "jaguar.yaml").read_text()
     text = text.replace('hosts: ["gpu-[001:064].sf1.internal"]', f'hosts: ["gpu-[00001:{hosts:05d}].sf1.internal"]')
+    text = text.replace('\n    racks: ["sf1-r[01:08]"]', "")  # its 8 racks would not divide the grown pool
     text = text.replace("podCIDR: 10.128.0.0/14", "podCIDR: 10.128.0.0/11")
     if api_machine:
         text = text.replace("machineType: Standard_D32s_v5", f"machineType: {api_machine}", 1)

@@ -49,8 +49,8 @@ HOSTILE = [
     ("jaguar", "interfaces: [ens1f0np0]", "interfaces: [\"../../x\"]", "nodePools[0].roce.interfaces[0]"),
     ("jaguar", "name: jaguar\n", "name: \"jaguar\\n\"\n", "name"),
     ("jaguar", "- name: gpu-h100-sf1", "- name: \"gpu-h100-sf1\\n\"", "nodePools[0].name"),
-    ("jaguar", "corral.dev/rack: r12", "corral.dev/rack: \"r12\\n\"", "nodePools[0].labels.corral.dev/rack"),
-    ("jaguar", "corral.dev/rack: r12", "\"corral.dev/rack\\n\": r12", r"nodePools[0].labels.corral.dev/rack\n"),
+    ("jaguar", "corral.dev/fabric: sf1-roce", "corral.dev/fabric: \"sf1-roce\\n\"", "nodePools[0].labels.corral.dev/fabric"),
+    ("jaguar", "corral.dev/fabric: sf1-roce", "\"corral.dev/fabric\\n\": sf1-roce", r"nodePools[0].labels.corral.dev/fabric\n"),
     ("jaguar", "version: \"1.31.4\"", "version: \"1.31.4\\n\"", "kubernetes.version"),
     ("jaguar", "driver: \"550.127.05\"", "driver: \"550.127.05\\n\"", "nodePools[0].gpu.driver"),
     ("jaguar", "driver: \"550.127.05\"", "driver: \"5٥0.127.05\"", "nodePools[0].gpu.driver"),
@@ -83,7 +83,7 @@ def test_hostile_free_text_is_refused(tmp_path, name, old, new, field):
 
 
 def test_problem_lines_never_carry_control_characters(tmp_path):
-    found = variant(tmp_path, "jaguar", "corral.dev/rack: r12", "\"corral.dev/rack\\e[2J\\n\": r12")
+    found = variant(tmp_path, "jaguar", "corral.dev/fabric: sf1-roce", "\"corral.dev/fabric\\e[2J\\n\": sf1-roce")
     assert found and all(line.isprintable() for line in found), found
 
 

@@ -241,13 +241,13 @@ def test_hosts_expand():
 
 
 def test_label_key_kubernetes_rejects(tmp_path):
-    found = only(variant(tmp_path, "jaguar", "labels: {corral.dev/rack: r12}", "labels: {Corral.dev/rack: r12}"))
-    assert "nodePools[0].labels.Corral.dev/rack" in found and "DNS subdomain" in found
+    found = only(variant(tmp_path, "jaguar", "labels: {corral.dev/fabric: sf1-roce}", "labels: {Corral.dev/fabric: sf1-roce}"))
+    assert "nodePools[0].labels.Corral.dev/fabric" in found and "DNS subdomain" in found
 
 
 def test_label_value_kubernetes_rejects(tmp_path):
-    found = only(variant(tmp_path, "jaguar", "labels: {corral.dev/rack: r12}", "labels: {corral.dev/rack: 'rack 12'}"))
-    assert "nodePools[0].labels.corral.dev/rack" in found and "label value 'rack 12'" in found
+    found = only(variant(tmp_path, "jaguar", "labels: {corral.dev/fabric: sf1-roce}", "labels: {corral.dev/fabric: 'sf1 roce'}"))
+    assert "nodePools[0].labels.corral.dev/fabric" in found and "label value 'sf1 roce'" in found
 
 
 def test_taint_effect(tmp_path):
@@ -386,7 +386,7 @@ def test_absurd_etcd_member_count_is_refused_quickly(tmp_path):
 
 
 def test_pools_cannot_set_labels_corral_derives(tmp_path):
-    found = only(variant(tmp_path, "jaguar", "labels: {corral.dev/rack: r12}", "labels: {corral.dev/pool: other}"))
+    found = only(variant(tmp_path, "jaguar", "labels: {corral.dev/fabric: sf1-roce}", "labels: {corral.dev/pool: other}"))
     assert "nodePools[0].labels.corral.dev/pool: 'corral.dev/pool' is set by corral" in found
 
 

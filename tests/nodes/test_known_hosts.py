@@ -38,6 +38,7 @@ def small_fleet(folder: Path, jump: bool = True, port: int | None = None) -> Pat
 
     text = (EXAMPLES / "jaguar.yaml").read_text()
     text = text.replace('hosts: ["gpu-[001:064].sf1.internal"]', 'hosts: ["gpu-[001:002].sf1.internal"]', 1)
+    text = text.replace('\n    racks: ["sf1-r[01:08]"]', "", 1)  # 8 racks do not divide 2 hosts
     pool_ssh = f"\n    ssh: {{port: {port}}}" if port else ""
     text = text.replace(ROBOTICS_HOSTS, 'hosts: ["gpu-[065:067].sf1.internal"]\n'
                         '    addresses: ["10.50.13.[65:67]"]' + pool_ssh, 1)
