@@ -1,0 +1,224 @@
+"""The `repair` add-on: the GPU repair controller (corral/health/repair/; issue 27, items 2 and 4).
+
+Its own namespace `corral-repair`, enforcing Pod Security `restricted`: the controller needs no
+host access, only the API. Two replicas, one leading through a Lease. It ships the way the node
+agent and the node approver ship: its code in a ConfigMap beside the agent's files (it uses the
+agent's API client, watch and event recorder), run by the same stock Python image, so a reviewer of
+`corral manifests` sees exactly what runs.
+
+Least privilege (what controller.py calls, nothing more):
+- nodes: get, list, watch (its watch), patch (cordon, its annotations);
+- pods: list (a node's pods, for the drain); pods/eviction: create (the Eviction API, which
+  respects PodDisruptionBudgets; never delete);
+- events: create and patch in `default` (events about Nodes land there; patch: the agent's
+  EventRecorder counts repeats) and create in its own namespace (the breaker's and racks' events);
+- its Lease (create: a Lease cannot be named in a create rule; get/update by name) and its two
+  ConfigMaps, history and status (get/update by name; both rendered here, empty).
+The replicas run on the API servers: `replace` (cloud pools) acts with the cloud identity the API
+servers hold (the autoscaler's and the node approver's choice: policy.autoscaler_affinity), so no
+cloud credential is stored in the cluster.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from corral.health import addon, repair_protocol
+from corral.model.schema import Cluster
+
+from . import policy
+
+NAME = "corral-repair"
+NAMESPACE = repair_protocol.REPAIR_NAMESPACE
+SERVICE_ACCOUNT_USER = f"system:serviceaccount:{NAMESPACE}:{NAME}"
+CODE_DIR = "/opt/corral-repair"
+METRICS_PORT = 9402
+REPLICAS = 2
+# Kubernetes' recommended leader election timings (k8s.io/component-base config/v1alpha1/defaults.go,
+# RecommendedDefaultLeaderElectionConfiguration): a new leader within about 15 s of a lost one.
+LEASE_DURATION_SECONDS = 15
+RENEW_DEADLINE_SECONDS = 10
+RETRY_PERIOD_SECONDS = 2
+RESYNC_SECONDS = 3600
+# A fault is acted on once its taint is this old: the faults of one cause (a rack's power, the
+# fabric) reach the agents seconds apart, and the rack rule and the circuit breaker must see them all
+# before a repair starts. The taint already keeps work off the node meanwhile.
+SETTLE_SECONDS = 30
+# Below system-cluster-critical (2,000,000,000): the controller matters, but not more than DNS or
+# the API servers' own pods; above every workload, so a full cluster does not keep it pending.
+PRIORITY = 1_000_000
+# The controller's files, read (not imported: they import their ConfigMap neighbours as top-level
+# modules, agent and classify, which only the pod's folder has side by side).
+HERE = Path(addon.__file__).resolve().parent / "repair"
+LEASE_NAME = NAME
+STATUS_CONFIGMAP = "corral-repair-status"
+
+
+def config(cluster: Cluster) -> dict:
+    """The controller's configuration (config.json in its ConfigMap), from `health.autoRepair`."""
+    repair = cluster.health.auto_repair
+    return {
+        "namespace": NAMESPACE,
+        "status_configmap": STATUS_CONFIGMAP,
+        "max_unavailable_percent": repair.max_unavailable_percent,
+        "max_repairs_per_hour": repair.max_repairs_per_hour,
+        "drain_timeout_seconds": repair.drain_timeout_minutes * 60,
+        "settle_seconds": SETTLE_SECONDS,
+        "breaker": {"faulty_percent": repair.circuit_breaker.faulty_percent,
+                    "window_minutes": repair.circuit_breaker.window_minutes,
+                    "min_nodes": repair.circuit_breaker.min_nodes},
+        "repeat": {"faults": repair.repeat_offender.faults, "days": repair.repeat_offender.days},
+        "rack": {"unhealthy_percent": repair.rack.unhealthy_percent, "window_minutes": repair.rack.window_minutes},
+        "leader_election": {"lease_name": LEASE_NAME, "lease_duration_seconds": LEASE_DURATION_SECONDS,
+                            "renew_deadline_seconds": RENEW_DEADLINE_SECONDS,
+                            "retry_period_seconds": RETRY_PERIOD_SECONDS},
+        "pools": {pool.name: {"provider": pool.provider} for pool in policy.gpu_pools(cluster)},
+        "resync_seconds": RESYNC_SECONDS,
+        "metrics_port": METRICS_PORT,
+    }
+
+
+def files(cluster: Cluster) -> dict[str, str]:
+    """The ConfigMap's files: the controller, its decisions, and the agent files it imports."""
+    health = Path(addon.__file__).resolve().parent
+    return {
+        "controller.py": (HERE / "controller.py").read_text(),
+        "decide.py": (HERE / "decide.py").read_text(),
+        "agent.py": (health / "agent.py").read_text(),
+        "classify.py": (health / "classify.py").read_text(),
+        "repair_protocol.py": Path(repair_protocol.__file__).read_text(),
+        "config.json": json.dumps(config(cluster), indent=2, sort_keys=True) + "\n",
+    }
+
+
+def _labels() -> dict[str, str]:
+    return {"app.kubernetes.io/name": NAME, "app.kubernetes.io/managed-by": "corral"}
+
+
+def _meta(name: str, namespace: str | None = None) -> dict:
+    meta = {"name": name, "labels": _labels()}
+    if namespace:
+        meta["namespace"] = namespace
+    return meta
+
+
+def _binding(kind: str, name: str, namespace: str | None) -> dict:
+    role_kind = "ClusterRole" if kind == "ClusterRoleBinding" else "Role"
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": _meta(name, namespace),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}]}
+
+
+def wanted(cluster: Cluster) -> bool:
+    """Whether the cluster runs the controller: GPU pools, and `health.autoRepair.enabled`."""
+    return bool(policy.gpu_pools(cluster)) and cluster.health.auto_repair.enabled
+
+
+def scrape_jobs(cluster: Cluster) -> list[dict]:
+    """The global Prometheus' job for the controller's /metrics (GPURepairCircuitBreakerOpen and
+    GPURackCordoned in corral/health/rules.py): both replicas, found through the headless Service's
+    DNS A records, not a Kubernetes watch (the global server watches only the API servers' endpoints,
+    docs/scale.md). Prometheus' dns_sd_config: names, type A, port (prometheus discovery/dns/dns.go
+    SDConfig; refreshed every 30 s by default)."""
+    if not wanted(cluster):
+        return []
+    return [{"job_name": NAME, "dns_sd_configs": [{"names": [f"{NAME}.{NAMESPACE}.svc"], "type": "A",
+                                                   "port": METRICS_PORT}]}]
+
+
+def metrics_service() -> dict:
+    """Headless: its DNS name resolves to every replica's address, the leader's among them."""
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(NAME, NAMESPACE),
+            "spec": {"clusterIP": "None", "selector": {"app.kubernetes.io/name": NAME},
+                     "ports": [{"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"}]}}
+
+
+def rbac() -> list[dict]:
+    cluster_role = f"corral:{NAME}"
+    own = [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [LEASE_NAME],
+         "verbs": ["get", "update"]},
+        {"apiGroups": [""], "resources": ["configmaps"],
+         "resourceNames": [repair_protocol.HISTORY_CONFIGMAP, STATUS_CONFIGMAP], "verbs": ["get", "update"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    ]
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(NAME, NAMESPACE)},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": _meta(cluster_role),
+         "rules": [
+             {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
+             {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+             {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+         ]},
+        _binding("ClusterRoleBinding", cluster_role, None),
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(NAME, "default"),
+         "rules": [{"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}]},
+        _binding("RoleBinding", NAME, "default"),
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(NAME, NAMESPACE),
+         "rules": own},
+        _binding("RoleBinding", NAME, NAMESPACE),
+    ]
+
+
+def deployment(config_hash: str) -> dict:
+    pod_labels = {"app.kubernetes.io/name": NAME}
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(NAME, NAMESPACE),
+        "spec": {
+            "replicas": REPLICAS,
+            "selector": {"matchLabels": pod_labels},
+            "template": {
+                "metadata": {"labels": pod_labels, "annotations": {"corral.dev/config-hash": config_hash}},
+                "spec": {
+                    "serviceAccountName": NAME,
+                    "priorityClassName": NAME,
+                    "affinity": {
+                        **policy.autoscaler_affinity(),
+                        # The two replicas on two API servers: one machine's loss is not the controller's.
+                        "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+                            "weight": 100, "podAffinityTerm": {"labelSelector": {"matchLabels": pod_labels},
+                                                               "topologyKey": "kubernetes.io/hostname"}}]},
+                    },
+                    "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists",
+                                     "effect": "NoSchedule"}],
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 65534, "runAsGroup": 65534,
+                                        "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [{
+                        "name": "controller",
+                        "image": addon.IMAGE,
+                        "command": ["python3", f"{CODE_DIR}/controller.py"],
+                        "env": [
+                            {"name": "CORRAL_REPAIR_CONFIG", "value": f"{CODE_DIR}/config.json"},
+                            {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
+                            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                        ],
+                        "ports": [{"name": "metrics", "containerPort": METRICS_PORT}],
+                        "resources": {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+                        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                            "capabilities": {"drop": ["ALL"]}},
+                        "volumeMounts": [{"name": "code", "mountPath": CODE_DIR, "readOnly": True}],
+                    }],
+                    "volumes": [{"name": "code", "configMap": {"name": NAME}}],
+                },
+            },
+        },
+    }
+
+
+def objects(cluster: Cluster, config_hash) -> list[dict]:
+    """Every object of the add-on; `config_hash(files)` is render's hash of the ConfigMap's files."""
+    code = files(cluster)
+    namespace = {"apiVersion": "v1", "kind": "Namespace",
+                 "metadata": {"name": NAMESPACE, "labels": {**_labels(),
+                                                            **policy.pod_security_labels(cluster, "restricted")}}}
+    priority = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": _meta(NAME),
+                "value": PRIORITY, "globalDefault": False,
+                "description": "corral's GPU repair controller: above workloads, below the system's own."}
+    # Rendered without data: the controller fills them, and re-applying the add-on keeps what it wrote.
+    stores = [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(name, NAMESPACE)}
+              for name in (repair_protocol.HISTORY_CONFIGMAP, STATUS_CONFIGMAP)]
+    return [namespace, priority, *rbac(),
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(NAME, NAMESPACE), "data": code},
+            *stores, metrics_service(), deployment(config_hash(code))]
