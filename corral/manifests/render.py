@@ -19,7 +19,7 @@ from ruamel.yaml.representer import SafeRepresenter
 
 from corral.model.schema import LABEL_DOMAIN, PREFLIGHT_TAINT_KEY, UNHEALTHY_TAINT_KEY, Cluster
 
-from . import flow_control, monitoring, network_policy, policy, versions
+from . import flow_control, monitoring, network_policy, policy, repair, versions
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates" / "manifests"
 
@@ -433,7 +433,7 @@ def gpu_health(cluster: Cluster) -> list[dict]:
 # Every add-on corral knows, in apply order, with when it applies.
 ADDON_NAMES = (
     "flow-control", "flannel", "network-policy", "pod-security", "teams", "scheduling", "nvidia-device-plugin", "rdma-shared-device-plugin",
-    "gpu-health", "cluster-autoscaler", "kubelet-csr-approver", "node-approver", "monitoring",
+    "gpu-health", "repair", "cluster-autoscaler", "kubelet-csr-approver", "node-approver", "monitoring",
 )
 
 
@@ -452,6 +452,7 @@ def render(cluster: Cluster) -> list[Addon]:
         ("nvidia-device-plugin", bool(policy.gpu_pools(cluster)), nvidia_device_plugin),
         ("rdma-shared-device-plugin", bool(policy.rdma_resources(cluster)), rdma_shared_device_plugin),
         ("gpu-health", bool(policy.gpu_pools(cluster)), gpu_health),
+        ("repair", repair.wanted(cluster), lambda c: repair.objects(c, _files_hash)),
         ("cluster-autoscaler", bool(cluster.cloud_pools), cluster_autoscaler),
         ("kubelet-csr-approver", True, kubelet_csr_approver),
         ("node-approver", True, node_approver),
