@@ -20,6 +20,11 @@ PREFLIGHT_STUCK_AFTER = "30m"
 POOL_UNHEALTHY_RATIO = 0.1
 
 _FAULTS = "|".join(FAULT_CONDITIONS)
+# The repair controller's own metrics (corral/health/repair/controller.py, Metrics; scraped by the
+# global Prometheus, corral/manifests/repair.py scrape_job). Only the leader sets them: max() over
+# the replicas.
+RESUME_HOW = ("kubectl -n corral-repair annotate configmap corral-repair-status corral.dev/resume-repair=now "
+              "(docs/gpu-health.md, Automatic repair)")
 _POOL = "label_corral_dev_pool"
 
 
@@ -81,6 +86,28 @@ def rule_groups() -> list[dict]:
                     "labels": {"severity": "critical"},
                     "annotations": {"summary": "{{ $value | humanizePercentage }} of pool "
                                                "{{ $labels." + _POOL + " }} is unhealthy"},
+                },
+                {
+                    "alert": "GPURepairCircuitBreakerOpen",
+                    "expr": "max(corral_repair_circuit_breaker_open) == 1",
+                    "labels": {"severity": "critical"},
+                    "annotations": {
+                        "summary": "Automatic GPU repair is stopped cluster-wide: faults spiked across a pool",
+                        "description": "A fabric, power or software fault, not N bad GPUs: the reason is in "
+                                       "the corral-repair-status ConfigMap and its RepairCircuitBreakerOpen "
+                                       "event. Resume once it is understood: " + RESUME_HOW,
+                    },
+                },
+                {
+                    "alert": "GPURackCordoned",
+                    "expr": "max by (domain) (corral_repair_rack_cordoned) == 1",
+                    "labels": {"severity": "critical"},
+                    "annotations": {
+                        "summary": "Failure domain {{ $labels.domain }} was cordoned as one unit",
+                        "description": "Half or more of its nodes turned unhealthy at once (its power or "
+                                       "switch): no per-node repairs there. Release it after the repair: "
+                                       + RESUME_HOW,
+                    },
                 },
                 {
                     # XID errors are how the driver reports a failing GPU (dcgm-exporter).
