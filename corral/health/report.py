@@ -11,11 +11,13 @@ already out (not Ready or cordoned).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from corral.health.classify import FAULT_CONDITIONS, PREFLIGHT_CONDITION
 from corral.health.kube import CORDON_ANNOTATION, HealthError, Kubectl  # noqa: F401  (HealthError: the CLI's)
+from corral.health.repair_protocol import REPAIR_ANNOTATION, RMA
 from corral.model.schema import PREFLIGHT_TAINT_KEY, UNHEALTHY_TAINT_KEY, Cluster, OnPremPool
 
 POOL_LABEL = "corral.dev/pool"
@@ -72,10 +74,25 @@ def assess(cluster: Cluster, nodes: list[dict]) -> list[NodeHealth]:
                 else ["no preflight verdict reported yet"]
         elif reasons:
             health.state = "unhealthy"
+        rma = rma_reason(annotations)
+        if rma:
+            health.reasons.insert(0, rma)
         if not ready:
             health.reasons.append("node not Ready")
         result.append(health)
     return sorted(result, key=lambda h: (h.state == "healthy", h.pool, h.name))
+
+
+def rma_reason(annotations: dict) -> str | None:
+    """The report's line for a node the repair controller quarantined for RMA (issue 27), or None."""
+    try:
+        repair = json.loads(annotations.get(REPAIR_ANNOTATION) or "{}")
+    except ValueError:
+        return None
+    if not isinstance(repair, dict) or repair.get("action") != RMA:
+        return None
+    return (f"RMA: quarantined by the repair controller since {repair.get('requested', '?')}: "
+            f"{repair.get('reason', '')}; stays cordoned until a person replaces the part")
 
 
 @dataclass
