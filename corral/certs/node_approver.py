@@ -397,6 +397,10 @@ class CloudMembership:
 
     def _ask(self, pool: str, name: str) -> Decision:
         groups = self.groups(pool)
+        # A MIG's or scale set's instances are named after it (the name rule): ask only the
+        # group whose name the node's starts with. An ASG's are not (AWS): ask each.
+        named = [g for g in groups if g.provider != "aws" and name.lower().startswith(g.name.lower() + "-")]
+        groups = named or groups
         session = self.session()
         found = [i for i in (cloud_api.find_instance(g, name, session=session) for g in groups) if i is not None]
         running = [i for i in found if i.running]

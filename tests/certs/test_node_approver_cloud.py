@@ -22,7 +22,7 @@ from corral.manifests import node_approver as addon
 from corral.manifests.policy import autoscaler_node_groups
 from corral.nodes.join import pool_token_group
 from tests.certs.fake_csr_apiserver import FakeCsrApiServer
-from tests.certs.test_node_approver import HERON, JAGUAR, ROBOTICS, csr
+from tests.certs.test_node_approver import FLEET, HERON, JAGUAR, ROBOTICS, csr
 from tests.health.fake_cloud import FakeCloudApi, FakeInstance, FakeMetadata
 
 INFERENCE = pool_token_group("gpu-a10g-inference")   # heron ASG heron-gpu-a10g-inference (us-west-2a)
@@ -38,6 +38,8 @@ INSTANCES = [
     FakeInstance("aws", "heron-gpu-a10g", OTHER_POOLS, "i-0ccc", "us-west-2b"),
     # In the pool's ASG but in a zone the pool was never given.
     FakeInstance("aws", "heron-gpu-a10g-inference", "ip-10-20-7-7.us-west-2.compute.internal", "i-0ddd", "us-west-2c"),
+    FakeInstance("gcp", "ibis-gpu-l4-b", "ibis-gpu-l4-b-x7k2", "8841", "us-central1-b", state="RUNNING"),
+    FakeInstance("gcp", "ibis-gpu-l4-c", "ibis-gpu-l4-c-stop", "8842", "us-central1-c", state="STOPPING"),
     FakeInstance("azure", "jaguar-cpu-d64-2", "jaguar-cpu-d64-2-0a1b2c", "7", "2", state="PowerState/running"),
     # A scale set of another resource group (another cluster's, same name).
     FakeInstance("azure", "jaguar-cpu-d64-3", "jaguar-cpu-d64-3-0a1b2c", "1", "3", state="PowerState/running",
@@ -124,6 +126,21 @@ def test_azure_scale_set_members_of_this_resource_group_only(tmp_path):
     assert not other.approve and other.reason == "NoCloudInstance"
     assert not missing.approve and missing.reason == "NoCloudInstance"
     assert {operation for _, operation in api.calls} == {"virtualMachines"}
+
+
+def test_gcp_mig_members_running_only(tmp_path):
+    ibis = FLEET.clusters["ibis"]
+    l4 = pool_token_group("gpu-l4")
+    with fake_cloud(tmp_path, "gcp") as (api, _, membership_for):
+        membership = membership_for(addon.config(ibis))
+        approved = decide(ibis, csr("ibis-gpu-l4-b-x7k2", [l4]), membership)
+        stopping = decide(ibis, csr("ibis-gpu-l4-c-stop", [l4]), membership)
+        missing = decide(ibis, csr("ibis-gpu-l4-a-zzzz", [l4]), membership)
+    assert approved.approve and approved.pool == "gpu-l4" and "8841" not in approved.message
+    assert "ibis-gpu-l4-b-x7k2 of ibis-gpu-l4-b (us-central1-b)" in approved.message
+    assert (stopping.reason, missing.reason) == ("InstanceNotRunning", "NoCloudInstance")
+    # Each decision asked only the MIG the name is of (not the pool's other zones'), and read only.
+    assert api.calls == [("gcp", "listManagedInstances")] * 3
 
 
 def test_on_prem_pools_keep_the_name_rule_and_never_ask_the_cloud(tmp_path):
