@@ -382,9 +382,9 @@ def plan(nodes: list[NodeView], history: dict, status: dict, config: dict, now: 
             result.held[name] = "settling: faults of the same cause may still be arriving"
             continue
         allowance = pool_allowance(size_by_pool[n.pool], config["max_unavailable_percent"])
-        # A node we cordoned already counts as out; a new one adds to it.
+        # A node already out (a rack cordon of ours) repaired adds nothing to what is out; a new one does.
         adds = 0 if n.out else 1
-        if out_by_pool[n.pool] + adds > allowance:
+        if adds and out_by_pool[n.pool] + adds > allowance:
             result.held[name] = f"pool {n.pool} has {out_by_pool[n.pool]} of {allowance} allowed nodes out"
             continue
         if allowed_starts <= 0:

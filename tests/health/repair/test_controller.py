@@ -325,3 +325,16 @@ def test_half_a_rack_cordons_the_rack_as_one_unit(sim):
     assert "rack/r1" in event["message"] and "2 of 4" in event["message"]
     assert status(s)["racks"]["rack/r1"]["nodes"] == rack
     assert status(s)["breaker"] == {}                              # a rack is not a spike
+
+    # The rack's power is back; a person resumes: its healthy nodes come back, and the two faulty
+    # ones are repaired (out already, so repairing them takes nothing more out of the pool).
+    def resume():
+        cm = s.cluster.get("configmaps", "corral-repair/corral-repair-status")
+        cm["metadata"]["annotations"] = {"corral.dev/resume-repair": "rack r1 repaired"}
+        s.cluster.put("configmaps", cm)
+    s.at(100, resume)
+    s.run_until(140)
+    assert status(s)["racks"] == {}
+    assert not any(s.node(n)["spec"].get("unschedulable") for n in rack[2:])
+    assert [s.annotation(n, REPAIR)["action"] for n in rack[:2]] == ["reboot", "reboot"]
+
