@@ -54,6 +54,13 @@ def pdb(allowed: int) -> dict:
             "spec": {"selector": {"matchLabels": {"app": "trainer"}}}, "status": {"disruptionsAllowed": allowed}}
 
 
+def resume(sim, why: str) -> None:
+    """A person resumes automatic repair (docs/gpu-health.md): the annotation on the status ConfigMap."""
+    cm = sim.cluster.get("configmaps", "corral-repair/corral-repair-status")
+    cm["metadata"]["annotations"] = {"corral.dev/resume-repair": why}
+    sim.cluster.put("configmaps", cm)
+
+
 def history(sim) -> dict:
     data = sim.cluster.get("configmaps", "corral-repair/corral-repair-history").get("data") or {}
     return {k: json.loads(v) for k, v in data.items()}
@@ -285,11 +292,7 @@ def test_a_spike_opens_the_breaker_once_until_a_person_resumes(sim):
     assert not any(s.node(n)["spec"].get("unschedulable") for n in ("gpu-001", "gpu-002", "gpu-003"))
     assert not writers_requests(s)
 
-    def resume():
-        cm = s.cluster.get("configmaps", "corral-repair/corral-repair-status")
-        cm["metadata"]["annotations"] = {"corral.dev/resume-repair": "by an operator"}
-        s.cluster.put("configmaps", cm)
-    s.at(130, resume)
+    s.at(130, lambda: resume(s, "by an operator"))
     s.run_until(160)
     after = status(s)
     assert after["breaker"] == {"open": False} and after["resumedAt"]
@@ -328,11 +331,7 @@ def test_half_a_rack_cordons_the_rack_as_one_unit(sim):
 
     # The rack's power is back; a person resumes: its healthy nodes come back, and the two faulty
     # ones are repaired (out already, so repairing them takes nothing more out of the pool).
-    def resume():
-        cm = s.cluster.get("configmaps", "corral-repair/corral-repair-status")
-        cm["metadata"]["annotations"] = {"corral.dev/resume-repair": "rack r1 repaired"}
-        s.cluster.put("configmaps", cm)
-    s.at(100, resume)
+    s.at(100, lambda: resume(s, "rack r1 repaired"))
     s.run_until(140)
     assert status(s)["racks"] == {}
     assert not any(s.node(n)["spec"].get("unschedulable") for n in rack[2:])
