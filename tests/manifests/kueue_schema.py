@@ -161,7 +161,10 @@ class _Walk:
         self._rules(schema, value, old, path)
 
     def _pattern(self, pattern: str, value: str, path: str) -> None:
-        # Kubernetes patterns are ECMA-262; the CRDs' patterns are also valid Python regexes.
+        # Kubernetes patterns are ECMA-262; the CRDs' patterns are also valid Python regexes,
+        # but for a flag group after the anchor (AdmissionCheck's parameters.kind:
+        # `^(?i)[a-z]...`, which Go's RE2 takes), which Python wants first.
+        pattern = re.sub(r"\A\^\(\?([a-z]+)\)", r"(?\1)^", pattern)
         if re.search(pattern, value) is None:
             self.fail(path, f"{value!r} does not match {pattern}")
 
