@@ -1,0 +1,318 @@
+"""MultiKueue across a fleet: the manager's dispatching objects and each worker's side.
+
+The fleet file (corral/model/fleet.py) names a manager, its workers and the
+teams dispatched. Kueue's own page is the recipe (site/content/en/docs/tasks/
+manage/setup_multikueue.md and site/static/examples/multikueue/
+multikueue-setup.yaml, at the pinned release, v0.12.10):
+
+On the manager:
+- a MultiKueueCluster per worker, whose kubeconfig is the Secret
+  `kueue-system/multikueue-<worker>` (key `kubeconfig`), written by
+  `corral fleet multikueue-credentials` (corral/certs/multikueue.py), never
+  rendered here;
+- one MultiKueueConfig listing the workers; Kueue creates a copy of the job's
+  Workload "in all the configured worker clusters" and keeps it where it is
+  admitted first (concepts/multikueue.md, "Job Flow");
+- one AdmissionCheck with controllerName `kueue.x-k8s.io/multikueue`
+  pointing at that config;
+- each dispatched team's ClusterQueue with that admission check and, as
+  quota, the sum of the team's quotas on the workers ("Ideally, the quota in
+  the manager cluster should be equal to the total quotas in the worker
+  clusters", concepts/multikueue.md), over the workers' ResourceFlavors.
+
+On each worker:
+- the team's LocalQueues in the same namespaces, under the same names: they
+  are the Kueue add-on's own (corral/manifests/kueue.py renders them from
+  the worker's cluster file; the fleet rules hold the team's namespaces to
+  the manager's), so `workers_agree` checks rather than renders them;
+- the manager's identity: ServiceAccount `kueue-system/corral-multikueue-manager`
+  and a ClusterRole with exactly the rules Kueue's
+  create-multikueue-kubeconfig.sh grants for Kueue's own objects and for the
+  job kinds the fleet dispatches (no pods, StatefulSets, Ray or Kubeflow rules
+  unless a dispatched kind needs them).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterable
+from decimal import Decimal
+
+from corral.certs.multikueue import (
+    KUBECONFIG_KEY,
+    NAMESPACE,
+    SERVICE_ACCOUNT,
+    manager_secret_name,
+)
+from corral.model.fleet import LoadedFleet, team_of
+
+from . import ManifestError
+
+KUEUE_GROUP = "kueue.x-k8s.io"
+# The pinned release's only version (tests/manifests/kueue_crds/v0.12.10 serves v1beta1 alone).
+KUEUE_API_VERSION = "v1beta1"
+# The MultiKueue admission check controller's name (AdmissionCheck.spec.controllerName,
+# multikueue-setup.yaml; kueue pkg/controller/admissionchecks/multikueue ControllerName).
+MULTIKUEUE_CONTROLLER = "kueue.x-k8s.io/multikueue"
+ADMISSION_CHECK = "corral-multikueue"
+MANAGER_ROLE = SERVICE_ACCOUNT
+MANAGED_BY = {"app.kubernetes.io/managed-by": "corral", "app.kubernetes.io/part-of": "corral-multikueue"}
+
+_WRITE = ["create", "delete", "get", "list", "watch"]
+
+# The manager's rights on a worker, exactly those of Kueue's own script at the
+# pinned release (site/static/examples/multikueue/create-multikueue-kubeconfig.sh,
+# v0.12.10; the release is corral/manifests/versions.py's): its Workloads always,
+# and each job kind only when the fleet dispatches it. The script's other rules
+# (pods, Kubeflow, Ray, AppWrapper) are for kinds corral does not dispatch.
+KUEUE_RULES: tuple[dict, ...] = (
+    {"apiGroups": [KUEUE_GROUP], "resources": ["workloads"], "verbs": _WRITE},
+    {"apiGroups": [KUEUE_GROUP], "resources": ["workloads/status"], "verbs": ["get", "patch", "update"]},
+)
+JOB_KIND_RULES: dict[str, tuple[dict, ...]] = {
+    "batch/job": (
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": _WRITE},
+        {"apiGroups": ["batch"], "resources": ["jobs/status"], "verbs": ["get"]},
+    ),
+    "jobset.x-k8s.io/jobset": (
+        {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": _WRITE},
+        {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets/status"], "verbs": ["get"]},
+    ),
+}
+
+
+def _kueue():
+    """The Kueue add-on (corral/manifests/kueue.py): its API version and each cluster's queue objects."""
+    from . import kueue
+
+    return kueue
+
+
+def config_name(fleet: LoadedFleet) -> str:
+    return f"corral-{fleet.spec.name}"
+
+
+def _meta(name: str, namespace: str | None = None) -> dict:
+    meta = {"name": name, "labels": dict(MANAGED_BY)}
+    if namespace:
+        meta["namespace"] = namespace
+    return meta
+
+
+def _queue_objects(cluster) -> list[dict]:
+    return [copy.deepcopy(dict(obj)) for obj in _kueue().queue_objects(cluster)]
+
+
+def _by_kind(objects: Iterable[dict], kind: str) -> dict[str, dict]:
+    return {obj["metadata"]["name"]: obj for obj in objects if obj["kind"] == kind}
+
+
+def team_queue_names(cluster, team_name: str) -> tuple[str, list[tuple[str, str]]]:
+    """The team's ClusterQueue name and its LocalQueues (namespace, name) as the Kueue add-on renders them."""
+    kueue = _kueue()
+    found = team_of(cluster, team_name)
+    if found is None:
+        raise ManifestError(f"cluster {cluster.name} has no team {team_name}")
+    return kueue.cluster_queue_name(found[1]), [(ns, kueue.local_queue_name(found[1])) for ns in found[1].namespaces]
+
+
+def _summed_quota(queues: list[dict]) -> list[dict]:
+    """The resource groups of `queues` (one team's ClusterQueues on the workers), quotas summed per flavor and resource.
+
+    Every worker's queue for the team covers the same resources (the fleet
+    rules); flavors are kept in the order first seen.
+    """
+    groups: dict[tuple[str, ...], dict[str, dict[str, str]]] = {}
+    for queue in queues:
+        for group in queue["spec"].get("resourceGroups", []):
+            covered = tuple(group["coveredResources"])
+            flavors = groups.setdefault(covered, {})
+            for flavor in group["flavors"]:
+                resources = flavors.setdefault(flavor["name"], {})
+                for resource in flavor["resources"]:
+                    resources[resource["name"]] = _add_quantities(
+                        resources.get(resource["name"], "0"), str(resource["nominalQuota"]))
+    return [
+        {"coveredResources": list(covered),
+         "flavors": [{"name": flavor, "resources": [{"name": name, "nominalQuota": quota}
+                                                    for name, quota in resources.items()]}
+                     for flavor, resources in flavors.items()]}
+        for covered, flavors in groups.items()
+    ]
+
+
+# Kubernetes quantity suffixes (apimachinery pkg/api/resource/suffix.go): binary and decimal.
+_SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+             "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": 1,
+             "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+_QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|)\Z")
+
+
+def _parse_quantity(value: str | int) -> tuple[Decimal, str]:
+    match = _QUANTITY.match(str(value))
+    if match is None:
+        raise ManifestError(f"quota {value!r} is not a Kubernetes quantity corral can add")
+    return Decimal(match[1]), match[2]
+
+
+def _add_quantities(first: str | int, second: str | int) -> str | int:
+    """first + second, two Kubernetes quantities: in their suffix when they share one, else in base units."""
+    (a, unit_a), (b, unit_b) = _parse_quantity(first), _parse_quantity(second)
+    if a == 0:
+        return second
+    if b == 0:
+        return first
+    if unit_a == unit_b:
+        total, unit = a + b, unit_a
+    else:
+        total, unit = a * _SUFFIXES[unit_a] + b * _SUFFIXES[unit_b], ""
+    if not unit and total == total.to_integral_value():
+        return int(total)
+    return f"{format(total.normalize(), 'f')}{unit}"
+
+
+def manager_objects(fleet: LoadedFleet) -> list[dict]:
+    """The manager's MultiKueue objects and its dispatched teams' ClusterQueues (replacing the add-on's)."""
+    return multikueue_objects(fleet) + dispatching_queues(fleet)
+
+
+def multikueue_objects(fleet: LoadedFleet) -> list[dict]:
+    """A MultiKueueCluster per worker, the MultiKueueConfig and the AdmissionCheck."""
+    api = f"{KUEUE_GROUP}/{KUEUE_API_VERSION}"
+    mk = fleet.spec.multi_kueue
+    objects: list[dict] = []
+    for worker in mk.workers:
+        objects.append({
+            "apiVersion": api, "kind": "MultiKueueCluster", "metadata": _meta(worker),
+            # kueue.x-k8s.io/v1beta1 at the pinned release: spec.kubeConfig (a later
+            # release's v1beta2 moved it under spec.clusterSource).
+            "spec": {"kubeConfig": {"locationType": "Secret", "location": manager_secret_name(worker)}},
+        })
+    objects.append({"apiVersion": api, "kind": "MultiKueueConfig", "metadata": _meta(config_name(fleet)),
+                    "spec": {"clusters": list(mk.workers)}})
+    objects.append({
+        "apiVersion": api, "kind": "AdmissionCheck", "metadata": _meta(ADMISSION_CHECK),
+        "spec": {"controllerName": MULTIKUEUE_CONTROLLER,
+                 "parameters": {"apiGroup": KUEUE_GROUP, "kind": "MultiKueueConfig", "name": config_name(fleet)}},
+    })
+    return objects
+
+
+def dispatching_queues(fleet: LoadedFleet) -> list[dict]:
+    """Each dispatched team's ClusterQueue on the manager: the add-on's, with the workers' summed quota
+    and the MultiKueue check; and the ResourceFlavors those quotas name that the manager lacks."""
+    mk = fleet.spec.multi_kueue
+    objects: list[dict] = []
+
+    manager_queues = _queue_objects(fleet.manager)
+    manager_cqs = _by_kind(manager_queues, "ClusterQueue")
+    manager_flavors = _by_kind(manager_queues, "ResourceFlavor")
+    worker_queues = {worker.name: _queue_objects(worker) for worker in fleet.workers}
+    needed_flavors: dict[str, dict] = {}
+    for team in mk.teams:
+        cq_name, _ = team_queue_names(fleet.manager, team)
+        if cq_name not in manager_cqs:
+            raise ManifestError(f"the Kueue add-on renders no ClusterQueue {cq_name} for team {team} on "
+                                f"{fleet.manager.name}")
+        queue = manager_cqs[cq_name]
+        on_workers = []
+        for worker in fleet.workers:
+            name, _ = team_queue_names(worker, team)
+            cqs = _by_kind(worker_queues[worker.name], "ClusterQueue")
+            on_workers.append(cqs[name])
+            flavors = _by_kind(worker_queues[worker.name], "ResourceFlavor")
+            for group in cqs[name]["spec"].get("resourceGroups", []):
+                for flavor in group["flavors"]:
+                    needed_flavors.setdefault(flavor["name"], flavors[flavor["name"]])
+        queue["spec"]["resourceGroups"] = _summed_quota(on_workers)
+        _require_admission_check(queue)
+        queue["metadata"].setdefault("labels", {}).update(MANAGED_BY)
+        objects.append(queue)
+    for name, flavor in needed_flavors.items():
+        if name not in manager_flavors:
+            objects.append(_manager_flavor(flavor))
+    return objects
+
+
+def _require_admission_check(queue: dict) -> None:
+    """The queue's workloads wait for the MultiKueue check before they are admitted.
+
+    `spec.admissionChecks`, as Kueue's multikueue-setup.yaml at the pinned
+    release writes it; the CRD says it "cannot be used in conjunction with"
+    `admissionChecksStrategy`, so a queue with a strategy is an error here.
+    """
+    spec = queue["spec"]
+    if spec.get("admissionChecksStrategy"):
+        raise ManifestError(f"ClusterQueue {queue['metadata']['name']} has an admissionChecksStrategy; "
+                            "MultiKueue's check cannot be added beside it")
+    checks = spec.setdefault("admissionChecks", [])
+    if ADMISSION_CHECK not in checks:
+        checks.append(ADMISSION_CHECK)
+
+
+def _manager_flavor(worker_flavor: dict) -> dict:
+    """A worker's ResourceFlavor as the manager needs it: for quota only (no job runs on the manager),
+    so no node labels, taints or topology, which name the worker's nodes."""
+    return {"apiVersion": worker_flavor["apiVersion"], "kind": "ResourceFlavor",
+            "metadata": _meta(worker_flavor["metadata"]["name"]), "spec": {}}
+
+
+def worker_objects(fleet: LoadedFleet, worker: str) -> list[dict]:
+    """The manager's identity on `worker`: its ServiceAccount and least-privilege ClusterRole."""
+    if worker not in fleet.spec.multi_kueue.workers:
+        raise ManifestError(f"{worker} is not a worker of fleet {fleet.spec.name}")
+    rules = [copy.deepcopy(rule) for rule in KUEUE_RULES]
+    for kind in fleet.spec.multi_kueue.job_kinds:
+        rules.extend(copy.deepcopy(rule) for rule in JOB_KIND_RULES[kind])
+    role = f"{MANAGER_ROLE}-{fleet.spec.multi_kueue.manager}"
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(SERVICE_ACCOUNT, NAMESPACE)},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": _meta(role),
+         "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": _meta(role),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+         "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}]},
+    ]
+
+
+def kueue_config(fleet: LoadedFleet) -> dict:
+    """The `multiKueue` section of the manager's Kueue Configuration (config.kueue.x-k8s.io/v1beta1).
+
+    origin: the label value Kueue puts on what it creates on workers, so its
+    garbage collector deletes only this manager's leftovers (apis/config/v1beta1/
+    configuration_types.go, MultiKueue.Origin; default "multikueue"); workerLostTimeout:
+    only when the fleet file sets it (defaults.go: DefaultMultiKueueWorkerLostTimeout
+    = 15 * time.Minute, v0.12.10).
+
+    No feature gate: MultiKueue is beta and on by default since Kueue 0.9, and
+    MultiKueueBatchJobWithManagedBy (alpha, off at the pinned release) must stay
+    off while the manager's Kubernetes has its JobManagedBy gate off, as 1.30 and
+    1.31 do by default: "you should make sure MultiKueueBatchJobWithManagedBy is
+    also disabled in Kueue" (pkg/features/kube_features.go and site/content/en/
+    docs/tasks/run/multikueue/job.md, v0.12.10 and v0.14.0).
+    """
+    section = {"origin": config_name(fleet)}
+    if fleet.spec.multi_kueue.worker_lost_timeout:
+        section["workerLostTimeout"] = fleet.spec.multi_kueue.worker_lost_timeout
+    return section
+
+
+def secret_reference(worker: str) -> tuple[str, str, str]:
+    """(namespace, Secret, key) the manager's MultiKueueCluster for `worker` reads."""
+    return NAMESPACE, manager_secret_name(worker), KUBECONFIG_KEY
+
+
+def workers_agree(fleet: LoadedFleet) -> list[str]:
+    """What a dispatched team lacks on a worker: each LocalQueue of the manager (namespace, name) must
+    exist on every worker under the same name, or MultiKueue cannot create the job there."""
+    problems = []
+    for team in fleet.spec.multi_kueue.teams:
+        _, manager_local = team_queue_names(fleet.manager, team)
+        for worker in fleet.workers:
+            rendered = {(obj["metadata"]["namespace"], obj["metadata"]["name"])
+                        for obj in _queue_objects(worker) if obj["kind"] == "LocalQueue"}
+            for namespace, name in manager_local:
+                if (namespace, name) not in rendered:
+                    problems.append(f"worker {worker.name} has no LocalQueue {namespace}/{name} of team {team}")
+    return problems
