@@ -35,6 +35,7 @@ from .burn_in import BurnIn
 from .containerd import DEFAULT_CONTAINERD, package_version
 from .disks import DEFAULT_DISK_TYPE, DISK_TYPES, default_throughput, etcd_iops_floor
 from .gpu_catalog import GPU_MODELS, closest, gpu_machine
+from .kueue import Kueue
 from .mtu import DEFAULT_FLANNEL_MTU, flannel_mtu_limit
 
 API_VERSION = "corral.dev/v1"
@@ -723,6 +724,7 @@ class Scheduling(Spec):
         description="Gang scheduling of MPI jobs with scheduler-plugins' Coscheduling (PodGroup CRD); default false.",
     )
     teams: list[Team] = Field([], description="Teams, their namespaces and reserved pools; default none.")
+    kueue: Kueue = Field(Kueue(), description="Kueue admission: team quotas, gangs, topology (docs/scheduling.md).")
 
 
 class Gpu(Spec):
