@@ -141,7 +141,8 @@ def quotas(pools, teams, kueue: Kueue) -> list[QueueQuota]:
     queues = []
     for team, _reserved in teams:
         own = [FlavorQuota(flavor_name(model, team), model, team, tuple(members[(model, t)]), count, None, None)
-               for (model, t), count in sorted(gpus.items()) if t == team]
+               for (model, t), count in sorted(gpus.items(), key=lambda item: (item[0][0], item[0][1] or ""))
+               if t == team]
         borrowed = [shared_flavor(model, 0, kueue.max_borrow_gpus, None) for model in shared_models]
         queues.append(QueueQuota(f"team-{team}", team, tuple(own + borrowed)))
     lend = kueue.lend_percent
