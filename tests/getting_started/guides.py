@@ -42,9 +42,11 @@ class Step:
     expected: list[str] = field(default_factory=list)   # output lines shown under a command
     path: str = ""             # a file step's path
     not_run: str = ""          # the visible reason a command is not run
+    guide: Path = Path()       # the guide it is in
 
-    def label(self, guide: Path) -> str:
-        return f"{guide.name}:{self.line}: {self.text if self.kind == 'command' else self.kind + ' ' + self.path}"
+    @property
+    def label(self) -> str:
+        return f"{self.guide.name}:{self.line}: {self.text if self.kind == 'command' else self.kind + ' ' + self.path}"
 
 
 class GuideError(ValueError):
@@ -52,6 +54,13 @@ class GuideError(ValueError):
 
 
 def read_steps(guide: Path) -> list[Step]:
+    steps = _read_steps(guide)
+    for step in steps:
+        step.guide = guide
+    return steps
+
+
+def _read_steps(guide: Path) -> list[Step]:
     lines = guide.read_text().splitlines()
     steps: list[Step] = []
     at = 0
@@ -116,9 +125,10 @@ class Outcome:
     output: str
 
 
-def run_guide(guide: Path, steps: list[Step], workdir: Path, env: dict[str, str], scratch: Path,
+def run_guide(steps: list[Step], workdir: Path, env: dict[str, str], scratch: Path,
               timeout: float = 300) -> list[Outcome]:
-    """Run the steps that are to run in one bash, in `workdir`; each step's exit code and output."""
+    """Run the steps that are to run in one bash, in `workdir` (one reader's shell, so one
+    guide can continue another); each step's exit code and output."""
     scratch.mkdir(parents=True, exist_ok=True)
     script = ["set -u", f"cd {shlex.quote(str(workdir))}"]
     for number, step in enumerate(steps):

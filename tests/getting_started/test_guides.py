@@ -37,8 +37,9 @@ from corral.model.schema import PREFLIGHT_TAINT_KEY
 from tests.certs.certgen import make_cert
 from tests.doctor.conftest import healthy_state
 from tests.manifests.test_cluster_policy import evaluate_pod_policy
+from tests.nodes.ssh_fakes import FakeSshNetwork
 
-from .guides import GuideError, Step, missing_output, read_steps, run_guide
+from .guides import GuideError, missing_output, read_steps, run_guide
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDES = ROOT / "docs" / "getting-started"
@@ -56,9 +57,14 @@ NOT_RUN = {
     "gcloud auth login": "opens a browser",
     "az login": "opens a browser",
     "gcloud auth application-default login": "opens a browser",
+    "corral join kite --pool gpu-h100-dc1":
+        "needs the hosts themselves; tests/nodes/test_join_hosts.py joins throwaway hosts the same way (hostlab tier)",
     "kubectl --kubeconfig alice.kubeconfig -n corral-monitoring port-forward svc/prometheus 9090":
         "runs until stopped; the test serves a fake Prometheus (CORRAL_PROMETHEUS_URL) instead",
 }
+
+
+DC1_ADDRESSES = [f"10.60.1.{n}" for n in range(11, 15)]   # onprem.md's gpu-[001:004].dc1.internal
 
 
 def account() -> dict:
@@ -154,6 +160,9 @@ class Reader:
         (tmp_path / "fake-ca.crt").write_text(ca_pem)
         (tmp_path / "fake-ca.key").write_text(ca_key)
         self.prometheus = FakePrometheus(self.kube_state)
+        # the data centre's hosts (onprem.md), answering ssh-keyscan and ssh at their addresses
+        self.hosts = FakeSshNetwork(tmp_path / "dc1")
+        self.host_keys = {address: self.hosts.add(address) for address in DC1_ADDRESSES}
         self.env = {
             "HOME": str(self.home), "USER": "alice", "LANG": "C.UTF-8", "COLUMNS": "200", "TERM": "dumb",
             "PYTHONDONTWRITEBYTECODE": "1",
@@ -163,16 +172,18 @@ class Reader:
             "FAKE_PULUMI_OUTPUTS": str(tmp_path / "fake-pulumi-outputs"),
             "FAKE_KUBE_STATE": str(self.kube_state), "FAKE_KUBECTL_LOG": str(tmp_path / "fake-kubectl.jsonl"),
             "FAKE_KUBE_CA_CERT": str(tmp_path / "fake-ca.crt"), "FAKE_KUBE_CA_KEY": str(tmp_path / "fake-ca.key"),
-            "CORRAL_PROMETHEUS_URL": self.prometheus.url,
+            "CORRAL_PROMETHEUS_URL": self.prometheus.url, "FAKE_SSH_NETWORK": str(self.hosts.path),
         }
 
-    def run(self, guide: Path, steps: list[Step], scratch: str) -> None:
-        """Run the guide's steps; fail with the first command that failed or printed less than shown."""
-        self.outcomes = run_guide(guide, steps, self.project, self.env, self.tmp / scratch)
+    def run(self, *guides: Path) -> None:
+        """Run the guides' steps, one after the other in one shell; fail with the first
+        command that failed or printed less than the guide shows."""
+        steps = [step for guide in guides for step in read_steps(guide)]
+        self.outcomes = run_guide(steps, self.project, self.env, self.tmp / "run")
         for outcome in self.outcomes:
             if outcome.step.not_run:
                 continue
-            label = outcome.step.label(guide)
+            label = outcome.step.label
             assert outcome.returncode is not None, f"{label}: not reached"
             assert outcome.returncode == 0, f"{label}: exit {outcome.returncode}\n{outcome.output}"
             missing = missing_output(outcome)
@@ -213,12 +224,12 @@ def all_guides() -> list[Path]:
 
 
 def test_every_guide_is_there_and_every_not_run_command_is_listed_with_its_reason():
-    assert {p.name for p in all_guides()} >= {"aws.md"}
+    assert {p.name for p in all_guides()} == {"aws.md", "gcp.md", "azure.md", "onprem.md"}
     marked = {}
     for guide in all_guides():
         for step in read_steps(guide):
             if step.not_run:
-                assert step.text in NOT_RUN, f"{step.label(guide)}: marked `# not run` but not listed in NOT_RUN"
+                assert step.text in NOT_RUN, f"{step.label}: marked `# not run` but not listed in NOT_RUN"
                 marked[step.text] = step.not_run
     assert set(marked) == set(NOT_RUN), f"listed in NOT_RUN, in no guide: {set(NOT_RUN) - set(marked)}"
 
@@ -232,14 +243,14 @@ def a_guide(tmp_path: Path, text: str) -> Path:
 def test_a_flag_that_does_not_exist_fails_the_guide(reader):
     guide = a_guide(reader.tmp, "```console\n$ . .venv/bin/activate\n$ corral validate --strict\n```\n")
     with pytest.raises(AssertionError, match=r"guide.md:3: corral validate --strict: exit 2"):
-        reader.run(guide, read_steps(guide), "flag")
+        reader.run(guide)
 
 
 def test_output_a_guide_shows_but_the_command_does_not_print_fails_the_guide(reader):
     guide = a_guide(reader.tmp, "```console\n$ . .venv/bin/activate\n$ corral validate\n"
                                 "ok clusters/heron.yaml: heron (aws/us-west-2, ...)\nok clusters/osprey.yaml\n```\n")
     with pytest.raises(AssertionError, match=r"shows \['ok clusters/osprey.yaml'\]"):
-        reader.run(guide, read_steps(guide), "output")
+        reader.run(guide)
 
 
 def test_a_command_marked_not_run_must_be_listed_with_its_reason(tmp_path):
@@ -260,7 +271,7 @@ def test_a_later_command_does_not_run_after_one_failed_and_edits_and_files_apply
                                 "```yaml\n# file: notes/job.yaml\nkind: Job\n```\n\n"
                                 "```console\n$ grep -c edited stacks/README.md && cat notes/job.yaml\n"
                                 "kind: Job\n$ false\n$ touch never\n```\n")
-    outcomes = run_guide(guide, read_steps(guide), reader.project, reader.env, reader.tmp / "order")
+    outcomes = run_guide(read_steps(guide), reader.project, reader.env, reader.tmp / "order")
     assert [o.returncode for o in outcomes] == [0, 0, 0, 1, None]
     assert (reader.project / "notes" / "job.yaml").read_text() == "kind: Job\n"
     assert not (reader.project / "never").exists()
@@ -269,12 +280,12 @@ def test_a_later_command_does_not_run_after_one_failed_and_edits_and_files_apply
 # --- AWS ------------------------------------------------------------------------------
 
 
-def check_gpu_job(reader: Reader, cluster_name: str, pool_name: str) -> None:
+def check_gpu_job(reader: Reader, cluster_name: str, pool_name: str, job_name: str = "nvidia-smi") -> None:
     """The Job the guide applied would run on the team's GPU pool: corral's placement
     policy admits it in that namespace, and it tolerates every taint the pool's nodes
     keep once their GPU checks passed."""
     cluster = load_fleet([reader.project / "clusters"]).clusters[cluster_name]
-    jobs = [o for o in reader.applied() if o.get("kind") == "Job"]
+    jobs = [o for o in reader.applied() if o.get("kind") == "Job" and o["metadata"]["name"] == job_name]
     assert len(jobs) == 1, reader.applied()
     job = jobs[0]
     namespace = job["metadata"]["namespace"]
@@ -295,6 +306,10 @@ def check_gpu_job(reader: Reader, cluster_name: str, pool_name: str) -> None:
                    for t in pod.get("tolerations", [])), f"the Job does not tolerate {taint}"
     gpus = sum(int(c["resources"]["limits"]["nvidia.com/gpu"]) for c in pod["containers"])
     assert 1 <= gpus <= pool.gpu.count
+    # the pool's nodes: the labels they register with, and the two corral-node-approver gives them
+    labels = {**cluster.node_labels(pool), policy.POOL_NODE_LABEL: pool.name, policy.TEAM_NODE_LABEL: team.name}
+    assert all(labels.get(key) == value for key, value in pod.get("nodeSelector", {}).items()), \
+        f"the Job's nodeSelector {pod.get('nodeSelector')} matches no node of {pool.name}: {labels}"
 
 
 @dataclass(frozen=True)
@@ -325,16 +340,33 @@ CLOUD_GUIDES = [
 ]
 
 
-@pytest.mark.parametrize("case", CLOUD_GUIDES, ids=lambda case: case.guide)
+@pytest.fixture(scope="module")
+def kite(tmp_path_factory):
+    """The AWS guide, then the on-prem guide continuing it in the same shell (run once for both tests)."""
+    machine = Reader(tmp_path_factory.mktemp("kite"))
+    machine.run(GUIDES / "aws.md", GUIDES / "onprem.md")
+    yield machine
+    machine.prometheus.close()
+
+
+def test_the_aws_guide_runs_from_an_empty_account_to_a_gpu_job(kite):
+    check_cloud_guide(kite, CLOUD_GUIDES[0])
+
+
+@pytest.mark.parametrize("case", CLOUD_GUIDES[1:], ids=lambda case: case.guide)
 def test_a_cloud_guide_runs_from_an_empty_account_to_a_gpu_job(reader, case):
-    guide = GUIDES / case.guide
-    reader.run(guide, read_steps(guide), case.cloud)
+    reader.run(GUIDES / case.guide)
+    check_cloud_guide(reader, case)
+
+
+def check_cloud_guide(reader: Reader, case: CloudGuide) -> None:
     project, name = reader.project, case.cluster
 
     # the cluster file and its stack, as the guide's commands left them
     cluster = load_fleet([project / "clusters"]).clusters[name]
     assert (cluster.control_plane.cloud, cluster.control_plane.region) == (case.cloud, case.region)
-    assert [(p.name, p.gpu.count if p.gpu else 0) for p in cluster.node_pools] == case.pools
+    pools = [(p.name, p.gpu.count if p.gpu else 0) for p in cluster.node_pools]
+    assert pools[:len(case.pools)] == case.pools   # (the on-prem guide adds its pool after them)
     assert [s.name for s in cluster.sites] == ["dc1"]
     stack = yaml.safe_load((project / "stacks" / f"Pulumi.{name}.yaml").read_text())["config"]
     if case.booted_image_known is not None:
@@ -364,3 +396,27 @@ def test_a_cloud_guide_runs_from_an_empty_account_to_a_gpu_job(reader, case):
     assert json.loads(kubeconfig.read_text())["users"][0]["name"] == "alice"
 
     check_gpu_job(reader, name, case.gpu_pool)
+
+
+def test_the_onprem_guide_joins_racks_to_the_aws_guide_cluster(kite):
+    reader, project = kite, kite.project
+
+    cluster = load_fleet([project / "clusters"]).clusters["kite"]
+    pool = next(p for p in cluster.node_pools if p.name == "gpu-h100-dc1")
+    assert pool.provider == "onprem" and pool.site == "dc1" and pool.gpu.count == 8
+    assert [pool.host_addresses[h] for h in pool.host_names] == DC1_ADDRESSES
+
+    # the known hosts file holds exactly the keys each host presented, under its name
+    recorded = sorted(line.split() for line in (project / "clusters" / "kite.known_hosts").read_text().splitlines()
+                      if line.strip() and not line.startswith("#"))
+    presented = sorted([f"gpu-{n:03d}.dc1.internal", *key] for n, address in enumerate(DC1_ADDRESSES, 1)
+                       for key in reader.host_keys[address])
+    assert recorded == presented
+
+    # doctor reached every host as the join will, host key checked, and found nothing to fix
+    verdict = json.loads(reader.corral("doctor", "kite", "-o", "json").stdout)
+    assert verdict["ok"] is True, verdict
+    statuses = {c["check"]: c["status"] for c in verdict["checks"] if c["check"].startswith("onprem.")}
+    assert statuses == {"onprem.hostkeys": "pass", "onprem.ssh": "pass", "onprem.sudo": "pass", "onprem.os": "pass"}
+
+    check_gpu_job(reader, "kite", "gpu-h100-dc1", job_name="h100-smoke")
