@@ -59,6 +59,12 @@ KUBE_STATE_METRICS = {
 }
 GRAFANA = "docker.io/grafana/grafana:11.3.1"
 
+# Kueue (issue 29; docs/scheduling.md): the last v0.12 patch. v0.12 is the newest minor whose
+# end-to-end tests run on both of the clusters' minors, 1.30 and 1.31 (README.md at v0.12.10:
+# "E2E Tests for Kubernetes 1.30, 1.31, 1.32"; v0.13 drops 1.30). The release's images are
+# promoted to registry.k8s.io/kueue/kueue:<tag> (.github/ISSUE_TEMPLATE/NEW_RELEASE.md).
+KUEUE = "registry.k8s.io/kueue/kueue:v0.12.10"
+
 # Approves kubelet serving-certificate requests (github.com/postfinance/
 # kubelet-csr-approver; it supports the three newest Kubernetes minors and
 # uses only the stable certificates.k8s.io/v1 API).
