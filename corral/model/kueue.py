@@ -64,7 +64,7 @@ class Kueue(BaseModel):
         "or not (Never); needs reclaimWithinCohort other than Never. Default Never.",
     )
     max_borrow_gpus: int | None = Field(
-        None, ge=0, le=1_000_000,
+        None, ge=0, le=1_000_000, alias="maxBorrowGPUs",
         description="Most GPUs of each model a team's queue may borrow from the shared queue; unset: as many as "
         "are idle.",
     )

@@ -1,0 +1,236 @@
+"""The Kueue add-on: team quotas, all-or-nothing admission and topology (issue 29; docs/scheduling.md).
+
+Kueue itself (its CRDs, controller Deployment, RBAC, webhooks) is installed
+from its release manifests, the way its README says (`kubectl apply
+--server-side -f .../releases/download/v0.12.10/manifests.yaml`, README.md at
+the tag). corral renders what is the cluster's own on top of it:
+
+- the `kueue-system` namespace's Pod Security (restricted: the manager runs as
+  non-root, seccomp RuntimeDefault, no privilege escalation, all capabilities
+  dropped: config/components/manager/manager.yaml at the tag);
+- the manager's configuration, ConfigMap `kueue-manager-config` (the release's
+  own config/components/manager/controller_manager_config.yaml with corral's
+  waitForPodsReady, TopologyAwareScheduling feature gate and the resources
+  Kueue leaves to the scheduler); the manager reads it at start;
+- PriorityClasses for batch jobs (Kueue's preemption compares priorities);
+- ResourceFlavors (one per GPU model and reserving team), Topologies,
+  ClusterQueues (one per team and a shared one, one cohort) and LocalQueues
+  (one per team namespace), from corral/model/kueue.py's quota arithmetic.
+
+Every name and field below is Kueue v0.12.10's (apis/kueue/v1beta1,
+apis/kueue/v1alpha1/topology_types.go, apis/config/v1beta1/configuration_types.go);
+tests/manifests/test_kueue.py validates every object against that release's CRDs.
+"""
+
+from __future__ import annotations
+
+import io
+
+from ruamel.yaml import YAML
+
+from corral.model.hosts import RACK_LABEL
+from corral.model.kueue import SHARED, FlavorQuota, QueueQuota, cluster_quotas
+from corral.model.schema import TEAM_TAINT_KEY, Cluster
+
+from . import policy, versions
+
+NAMESPACE = "kueue-system"
+MANAGER_CONFIGMAP = "kueue-manager-config"     # namePrefix kueue- + manager-config (config/default)
+MANAGER_CONFIG_KEY = "controller_manager_config.yaml"
+KUEUE_API = "kueue.x-k8s.io/v1beta1"
+TOPOLOGY_API = "kueue.x-k8s.io/v1alpha1"       # Topology is v1alpha1 at v0.12.10
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_MODEL_LABEL = "corral.dev/gpu-model"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+# pkg/controller/constants/constants.go QueueLabel; apis/kueue/v1alpha1/topology_types.go.
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+REQUIRED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-required-topology"
+PREFERRED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-preferred-topology"
+
+# Resources Kueue does not count (Configuration.resources.excludeResourcePrefixes):
+# quotas are GPUs only; CPU, memory and RDMA shares stay the scheduler's business.
+# Without this every ClusterQueue would have to cover cpu and memory, or Kueue
+# would never admit a pod that requests them.
+EXCLUDED_RESOURCE_PREFIXES = ("cpu", "memory", "ephemeral-storage", "hugepages-", "rdma/")
+
+# Batch priorities: Kueue's preemption (withinClusterQueue, borrowWithinCohort
+# LowerPriority) compares the workloads' priorities, taken from their pods'
+# PriorityClass. Below the default 0? No: above it, so unlabelled pods of the
+# same namespaces stay the first to give way.
+PRIORITY_CLASSES = (
+    ("corral-batch", 1000, "Batch jobs admitted by Kueue (docs/scheduling.md)."),
+    ("corral-batch-high", 10000, "Batch jobs that may preempt corral-batch jobs in their queue."),
+)
+
+# Topology levels, broadest first, hostname last (the CRD's CEL rule).
+# On-prem: the pool is the RoCE fabric, then the rack (OnPremPool.racks).
+ONPREM_LEVELS = (policy.POOL_LABEL, RACK_LABEL, HOSTNAME_LABEL)
+# GCE: the reservation's block and sub-block of the VM (cloud.google.com/ai-hypercomputer
+# docs, "View the topology of GKE nodes": cloud.google.com/gce-topology-block,
+# -subblock, -host). GKE sets them; on corral's own nodes a node agent has to.
+GCP_LEVELS = ("cloud.google.com/gce-topology-block", "cloud.google.com/gce-topology-subblock", HOSTNAME_LABEL)
+# AWS: the instance's network nodes, layer 1 broadest (docs.aws.amazon.com/eks/latest/
+# userguide/ml-workload-topology.html, from DescribeInstanceTopology). EKS sets them.
+AWS_LEVELS = ("topology.k8s.aws/network-node-layer-1", "topology.k8s.aws/network-node-layer-2",
+              "topology.k8s.aws/network-node-layer-3", HOSTNAME_LABEL)
+# Azure has no standard node label for a VM's network position (proximity
+# placement groups are per scale set, which is the pool): the pool, then the host.
+AZURE_LEVELS = (policy.POOL_LABEL, HOSTNAME_LABEL)
+TOPOLOGY_LEVELS = {"onprem": ONPREM_LEVELS, "gcp": GCP_LEVELS, "aws": AWS_LEVELS, "azure": AZURE_LEVELS}
+
+
+def topology_name(provider: str) -> str:
+    return f"corral-{provider}"
+
+
+def manager_config(cluster: Cluster) -> dict:
+    """Kueue's Configuration: the release's defaults plus corral's settings."""
+    settings = cluster.scheduling.kueue
+    return {
+        "apiVersion": "config.kueue.x-k8s.io/v1beta1",
+        "kind": "Configuration",
+        # As in the release's controller_manager_config.yaml at v0.12.10.
+        "health": {"healthProbeBindAddress": ":8081"},
+        "metrics": {"bindAddress": ":8443"},
+        "webhook": {"port": 9443},
+        "leaderElection": {"leaderElect": True, "resourceName": "c1f6bfd2.kueue.x-k8s.io"},
+        "controller": {"groupKindConcurrency": {
+            "Job.batch": 5, "Pod": 5, "Workload.kueue.x-k8s.io": 5, "LocalQueue.kueue.x-k8s.io": 1,
+            "Cohort.kueue.x-k8s.io": 1, "ClusterQueue.kueue.x-k8s.io": 1, "ResourceFlavor.kueue.x-k8s.io": 1,
+        }},
+        "clientConnection": {"qps": 50, "burst": 100},
+        "integrations": {"frameworks": [
+            "batch/job", "kubeflow.org/mpijob", "ray.io/rayjob", "ray.io/raycluster", "jobset.x-k8s.io/jobset",
+            "kubeflow.org/paddlejob", "kubeflow.org/pytorchjob", "kubeflow.org/tfjob", "kubeflow.org/xgboostjob",
+            "kubeflow.org/jaxjob", "workload.codeflare.dev/appwrapper",
+        ]},
+        # corral's: all-or-nothing admission. A workload whose pods are not all
+        # ready `timeout` after admission is evicted and requeued, so two gangs
+        # that each got half the GPUs cannot hold them forever. blockAdmission
+        # stays false: admitting one gang at a time would idle GPUs while images pull.
+        "waitForPodsReady": {
+            "enable": True,
+            "timeout": f"{settings.wait_for_pods_ready_minutes}m",
+            "blockAdmission": False,
+            "requeuingStrategy": {"timestamp": "Eviction", "backoffBaseSeconds": 60, "backoffMaxSeconds": 3600},
+        },
+        # TopologyAwareScheduling is alpha, off by default, at v0.12 (pkg/features/kube_features.go);
+        # featureGates in the Configuration (not --feature-gates: the two may not be combined).
+        "featureGates": {"TopologyAwareScheduling": True},
+        "resources": {"excludeResourcePrefixes": list(EXCLUDED_RESOURCE_PREFIXES)},
+    }
+
+
+def _dump(data: dict) -> str:
+    yaml = YAML(typ="safe", pure=True)
+    yaml.default_flow_style = False
+    stream = io.StringIO()
+    yaml.dump(data, stream)
+    return stream.getvalue()
+
+
+def flavor_topology(cluster: Cluster, flavor: FlavorQuota) -> str | None:
+    """The Topology of a flavor's pools: one provider's, or none when its pools mix providers."""
+    providers = {cluster.pool(name).provider for name in flavor.pools}
+    return topology_name(providers.pop()) if len(providers) == 1 else None
+
+
+def resource_flavor(cluster: Cluster, flavor: FlavorQuota) -> dict:
+    node_labels = {GPU_MODEL_LABEL: flavor.gpu_model}
+    tolerations = [{"key": policy.GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
+    if flavor.team is not None:
+        # The label only corral-node-approver sets (pods may not select the
+        # kubelet-set corral.dev/team: the placement policy), and the team's taint.
+        node_labels[policy.TEAM_NODE_LABEL] = flavor.team
+        tolerations.append({"key": TEAM_TAINT_KEY, "operator": "Equal", "value": flavor.team,
+                            "effect": "NoSchedule"})
+    spec: dict = {"nodeLabels": node_labels, "tolerations": tolerations}
+    topology = flavor_topology(cluster, flavor)
+    if topology is not None:
+        spec["topologyName"] = topology
+    return {"apiVersion": KUEUE_API, "kind": "ResourceFlavor", "metadata": {"name": flavor.flavor}, "spec": spec}
+
+
+def _flavor_resources(flavor: FlavorQuota) -> dict:
+    resource: dict = {"name": GPU_RESOURCE, "nominalQuota": flavor.nominal}
+    if flavor.borrowing_limit is not None:
+        resource["borrowingLimit"] = flavor.borrowing_limit
+    if flavor.lending_limit is not None:
+        resource["lendingLimit"] = flavor.lending_limit
+    return {"name": flavor.flavor, "resources": [resource]}
+
+
+def cluster_queue(cluster: Cluster, queue: QueueQuota) -> dict:
+    settings = cluster.scheduling.kueue
+    if queue.team is None:
+        selector: dict = {}  # every namespace may point a LocalQueue at the shared queue
+    else:
+        # Only the team's namespaces: another namespace's LocalQueue pointing here is inactive.
+        team = next(t for t in cluster.scheduling.teams if t.name == queue.team)
+        selector = {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In",
+                                          "values": list(team.namespaces)}]}
+    spec: dict = {
+        "cohort": settings.cohort,
+        "namespaceSelector": selector,
+        "queueingStrategy": "BestEffortFIFO",
+        "preemption": {
+            "reclaimWithinCohort": settings.reclaim_within_cohort,
+            "borrowWithinCohort": {"policy": settings.borrow_within_cohort},
+            "withinClusterQueue": "LowerPriority",
+        },
+    }
+    if queue.flavors:
+        # One group: a queue's own flavors first, then the shared ones it borrows.
+        spec["resourceGroups"] = [{"coveredResources": [GPU_RESOURCE],
+                                   "flavors": [_flavor_resources(f) for f in queue.flavors]}]
+    return {"apiVersion": KUEUE_API, "kind": "ClusterQueue", "metadata": {"name": queue.name}, "spec": spec}
+
+
+def local_queues(cluster: Cluster) -> list[dict]:
+    """One LocalQueue per team namespace, named after the team, on the team's ClusterQueue."""
+    return [
+        {"apiVersion": KUEUE_API, "kind": "LocalQueue",
+         "metadata": {"name": team.name, "namespace": namespace},
+         "spec": {"clusterQueue": f"team-{team.name}"}}
+        for team in cluster.scheduling.teams for namespace in team.namespaces
+    ]
+
+
+def topologies(cluster: Cluster, flavors: list[dict]) -> list[dict]:
+    used = sorted({f["spec"]["topologyName"] for f in flavors if "topologyName" in f["spec"]})
+    by_name = {topology_name(provider): levels for provider, levels in TOPOLOGY_LEVELS.items()}
+    return [
+        {"apiVersion": TOPOLOGY_API, "kind": "Topology", "metadata": {"name": name},
+         "spec": {"levels": [{"nodeLabel": label} for label in by_name[name]]}}
+        for name in used
+    ]
+
+
+def objects(cluster: Cluster) -> list[dict]:
+    """The add-on's objects, in apply order within Kueue's kinds."""
+    queues = cluster_quotas(cluster)
+    unique: dict[str, FlavorQuota] = {}
+    for queue in queues:
+        for flavor in queue.flavors:
+            unique.setdefault(flavor.flavor, flavor)
+    flavors = [resource_flavor(cluster, f) for f in unique.values()]
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": NAMESPACE, "labels": policy.pod_security_labels(cluster, "restricted")}}
+    config = {"apiVersion": "v1", "kind": "ConfigMap",
+              "metadata": {"name": MANAGER_CONFIGMAP, "namespace": NAMESPACE},
+              "data": {MANAGER_CONFIG_KEY: _dump(manager_config(cluster))}}
+    priorities = [{"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name},
+                   "value": value, "globalDefault": False, "preemptionPolicy": "PreemptLowerPriority",
+                   "description": text}
+                  for name, value, text in PRIORITY_CLASSES]
+    return [
+        namespace, *priorities, config,
+        *topologies(cluster, flavors), *flavors,
+        *(cluster_queue(cluster, q) for q in queues if q.flavors or q.name != SHARED),
+        *local_queues(cluster),
+    ]
+
+
+def image() -> str:
+    """The controller image of the pinned release (what its manifests.yaml runs)."""
+    return versions.KUEUE
