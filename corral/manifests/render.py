@@ -19,7 +19,7 @@ from ruamel.yaml.representer import SafeRepresenter
 
 from corral.model.schema import LABEL_DOMAIN, PREFLIGHT_TAINT_KEY, UNHEALTHY_TAINT_KEY, Cluster
 
-from . import flow_control, monitoring, network_policy, policy, repair, versions
+from . import flow_control, kueue, monitoring, network_policy, policy, repair, versions
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates" / "manifests"
 
@@ -433,7 +433,7 @@ def gpu_health(cluster: Cluster) -> list[dict]:
 # Every add-on corral knows, in apply order, with when it applies.
 ADDON_NAMES = (
     "flow-control", "flannel", "network-policy", "pod-security", "teams", "scheduling", "nvidia-device-plugin", "rdma-shared-device-plugin",
-    "gpu-health", "repair", "cluster-autoscaler", "kubelet-csr-approver", "node-approver", "monitoring",
+    "gpu-health", "repair", "cluster-autoscaler", "kubelet-csr-approver", "node-approver", "monitoring", "kueue",
 )
 
 
@@ -457,6 +457,7 @@ def render(cluster: Cluster) -> list[Addon]:
         ("kubelet-csr-approver", True, kubelet_csr_approver),
         ("node-approver", True, node_approver),
         ("monitoring", True, monitoring_stack),
+        ("kueue", sched.kueue.enabled, kueue.objects),
     ]
     addons = [_split_patches(name, build(cluster)) for name, wanted, build in parts if wanted]
     _check_unique(addons)
