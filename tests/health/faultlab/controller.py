@@ -35,15 +35,15 @@ def missing_pieces() -> list[str]:
     return missing
 
 
-def controller_config(lab, case) -> dict:
-    """config.json as corral/manifests/repair.py renders it from the cluster file, with the case's
-    `health.autoRepair` settings (camelCase, as a cluster file writes them) validated by the model."""
+def controller_config(auto_repair: dict, cluster=None) -> dict:
+    """config.json as corral/manifests/repair.py renders it from the cluster file (the lab's, jaguar,
+    unless another is given), with these `health.autoRepair` settings (camelCase, as a cluster file
+    writes them) validated by the model."""
     from corral.manifests import repair
     from corral.model.auto_repair import AutoRepair
 
-    cluster = lab_cluster()
-    settings = AutoRepair.model_validate({**cluster.health.auto_repair.model_dump(by_alias=True),
-                                          **case.auto_repair})
+    cluster = cluster or lab_cluster()
+    settings = AutoRepair.model_validate({**cluster.health.auto_repair.model_dump(by_alias=True), **auto_repair})
     cluster = cluster.model_copy(update={"health": cluster.health.model_copy(update={"auto_repair": settings})})
     return repair.config(cluster)
 
@@ -77,33 +77,42 @@ def lab_cluster():
 
 
 class Replicas:
-    """The controller's replicas in the lab: started with the agents, stopped with the lab."""
+    """The controller's replicas, each with its own API client (as each pod has), on `clock`."""
 
-    def __init__(self, lab, module, config: dict) -> None:
-        self.lab, self.module, self.config = lab, module, config
+    def __init__(self, module, config: dict, base_url: str, sa_dir: Path, clock, replicas: int = REPLICAS) -> None:
+        self.module, self.config, self.base_url, self.sa_dir, self.clock = module, config, base_url, sa_dir, clock
+        self.replicas = replicas
         self.controllers = []
 
     def start(self) -> None:
-        for i in range(REPLICAS):
+        for i in range(self.replicas):
             identity = f"corral-repair-faultlab-{i}"
-            api = self.module.agent.Api(base=self.lab.server.url, sa_dir=str(self.lab.sa_dir),
+            api = self.module.agent.Api(base=self.base_url, sa_dir=str(self.sa_dir),
                                         user_agent=f"corral-repair/{identity}")
-            # replace=None: the lab's pool is on-prem (sf1), where nothing is replaced.
-            controller = self.module.Controller(api, self.config, identity, clock=self.lab.clock,
+            # replace=None: the lab's pools are on-prem, where nothing is replaced.
+            controller = self.module.Controller(api, self.config, identity, clock=self.clock,
                                                 rng=random.Random(i), replace=None)
             self.controllers.append(controller)
-            self.lab.clock.spawn(controller.run)
+            self.clock.spawn(controller.run)
 
     def stop(self) -> None:
         for controller in self.controllers:
             controller.stop()
 
 
-def attach_controller(lab, case) -> None:
-    """Give the lab the repair controller for this case (started by lab.start()), and the two
-    ConfigMaps the add-on renders empty for it (history, status) unless the case seeded one."""
-    config = controller_config(lab, case)
+def empty_stores(cluster, config: dict) -> None:
+    """The two ConfigMaps the add-on renders empty for the controller (history, status), in the fake
+    API server's objects, unless there already."""
     for name in (protocol.HISTORY_CONFIGMAP, config["status_configmap"]):
-        if lab.cluster.get("configmaps", f"{config['namespace']}/{name}") is None:
-            lab.put_configmap(config["namespace"], name, {})
-    lab.controller = Replicas(lab, load_controller_module(lab.workdir / "controller"), config)
+        if cluster.get("configmaps", f"{config['namespace']}/{name}") is None:
+            cluster.put("configmaps", {"apiVersion": "v1", "kind": "ConfigMap",
+                                       "metadata": {"namespace": config["namespace"], "name": name}, "data": {}},
+                        "ADDED")
+
+
+def attach_controller(lab, case) -> None:
+    """Give the lab the repair controller for this case (started by lab.start())."""
+    config = controller_config(case.auto_repair)
+    empty_stores(lab.cluster, config)
+    module = load_controller_module(lab.workdir / "controller")
+    lab.controller = Replicas(module, config, lab.server.url, lab.sa_dir, lab.clock)

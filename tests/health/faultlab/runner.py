@@ -27,6 +27,7 @@ class NodeRow:
     """One faulted node's loop, in simulated seconds (None: the phase did not happen)."""
     node: str
     detect: float | None       # fault written -> corral.dev/unhealthy taint stored
+    wait: float | None         # tainted -> cordoned (the controller's settle time, its budgets)
     drain: float | None        # cordoned -> repair requested (written only after the drain)
     repair: float | None       # repair requested -> the agent's status "done" (the last repair)
     burn_in: float | None      # repair done -> burn-in result (the last repair)
@@ -63,7 +64,7 @@ def row(name: str, timeline: Timeline) -> NodeRow:
     burned = next((b for b in timeline.burn_ins if last and b["id"] == last["id"]
                    and b["result"] in ("passed", "failed")), None)
     return NodeRow(
-        node=name, detect=_span(timeline.injected, timeline.tainted),
+        node=name, detect=_span(timeline.injected, timeline.tainted), wait=_span(timeline.tainted, timeline.cordoned),
         drain=_span(timeline.cordoned, timeline.repairs[0]["t"] if timeline.repairs else None),
         repair=_span(last["t"] if last else None, done), burn_in=_span(done, burned["t"] if burned else None),
         readmit=_span(burned["t"] if burned and burned["result"] == "passed" else None, timeline.readmitted),
