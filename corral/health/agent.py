@@ -87,14 +87,19 @@ def current_verdict(verdict: dict | None, boot_id: str | None) -> dict | None:
     return verdict
 
 
+KEEP = "keep"      # plan(): leave the burn-in taint as it is
+
+
 def plan(node: dict, verdict: dict | None, faults: list, evict_on_fatal: bool, stamp: str,
-         hold_preflight: bool = False) -> dict:
+         hold_preflight: bool = False, burn_in_value: str | None = KEEP) -> dict:
     """What to write to the node: {"conditions": [...], "taints": [...] or None, "events": [...]}.
 
     `taints` is None when they stay as they are. Conditions keep their last
     transition time unless their status changes. `hold_preflight`: a passing
     verdict does not lift the preflight taint (the node's burn-in has not
     passed: admission waits for it, and the burn-in lifts the taint).
+    `burn_in_value`: the corral.dev/burn-in taint's value the node's burn-in
+    result calls for (burn_in_taint_value; None: no such taint), or KEEP.
     """
     old_conditions = {c["type"]: c for c in node.get("status", {}).get("conditions", [])}
     wanted: dict[str, tuple[str, str, str]] = dict(classify.conditions(faults))
@@ -127,6 +132,10 @@ def plan(node: dict, verdict: dict | None, faults: list, evict_on_fatal: bool, s
         # This boot's preflight failed on a node without the taint (rebooted
         # by hand, or lifted before a remediation's reboot): behind it again.
         new.append({"key": PREFLIGHT_TAINT, "value": "failed", "effect": "NoSchedule"})
+    if burn_in_value != KEEP:
+        new = [t for t in new if t.get("key") != BURN_IN_TAINT]
+        if burn_in_value:
+            new.append({"key": BURN_IN_TAINT, "value": burn_in_value, "effect": "NoSchedule"})
     effect = classify.taint_effect(faults, evict_on_fatal)
     if effect:
         worst = faults[0] if faults else None
@@ -298,6 +307,16 @@ def holds_preflight(node: dict, burn_in: dict) -> bool:
     until the node's last burn-in passed (a pass of the preflight alone does not admit it)."""
     burn = json_annotation(node, BURN_IN_ANNOTATION)
     return bool(burn_in.get("enabled")) and not (burn and burn.get("result") == "passed")
+
+
+def burn_in_taint_value(node: dict, burn_in: dict) -> str | None:
+    """The corral.dev/burn-in taint's value the node's burn-in result calls for, every round (a
+    taint write lost after a burn-in is made good by the next round): pending while one runs,
+    failed after a failure, none after a pass or before any; KEEP with burn-in off."""
+    if not burn_in.get("enabled"):
+        return KEEP
+    result = (json_annotation(node, BURN_IN_ANNOTATION) or {}).get("result")
+    return {"running": "pending", "failed": "failed"}.get(result)
 
 
 def burn_in_taints(taints: list, result: str, join: bool) -> list:
@@ -861,8 +880,10 @@ class Agent:
         """One comparison and its writes, from the node as the agent last saw or wrote it."""
         pool, boot_id, verdict, faults, active, active_path = self.local
         stamp = now(self.clock.time())
-        hold = holds_preflight(self.node, self.config.get("burn_in") or {})
-        update = plan(self.node, verdict, faults, self.config["evict_on_fatal"], stamp, hold_preflight=hold)
+        burn_in = self.config.get("burn_in") or {}
+        update = plan(self.node, verdict, faults, self.config["evict_on_fatal"], stamp,
+                      hold_preflight=holds_preflight(self.node, burn_in),
+                      burn_in_value=burn_in_taint_value(self.node, burn_in))
         if update["taints"] is not None:
             self._wrote(patch_taints(self.api, self.node, update["taints"]))
         if conditions_differ(self.node, update["conditions"]):
@@ -1077,13 +1098,14 @@ class Agent:
 
     def _finish_burn_in(self, result: dict, join: bool) -> None:
         result = dict(result, at=now(self.clock.time()))
-        # Minutes passed: the node as it is now (one consistent read), then only the agent's taint.
+        # The result first, then the taints: whoever sees the taints gone sees why.
+        self._annotate(BURN_IN_ANNOTATION, result)
+        # Minutes passed: the node as it is now (one consistent read), then only the agent's taints.
         node = self.api.call("GET", f"/api/v1/nodes/{self.node_name}")
         taints = node.get("spec", {}).get("taints") or []
         wanted = burn_in_taints(taints, result["result"], join)
         if wanted != taints:
             self._wrote(patch_taints(self.api, node, wanted))
-        self._annotate(BURN_IN_ANNOTATION, result)
         passed = result["result"] == "passed"
         self.events.emit([("Normal" if passed else "Warning", "GPUBurnInPassed" if passed else "GPUBurnInFailed",
                            f"burn-in {result['id']}: {result['detail']}")])

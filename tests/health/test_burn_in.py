@@ -228,3 +228,19 @@ def test_a_node_in_service_is_not_burned_in_again(agent, node_env):
     node_env["config"]["active"]["enabled"] = False
     agent.once(api, node_env["config"], "gpu-001")
     assert host_calls(node_env) == [] and api.burn_in() is None and UNHEALTHY_TAINT_KEY not in api.taint_keys()
+
+
+@pytest.mark.parametrize(("result", "taint", "wanted"), [
+    ("passed", "pending", None),       # the pass was written, the taint write was lost
+    ("failed", None, "failed"),
+    ("running", None, "pending"),      # an agent restarted mid-burn-in: fenced until it runs again
+])
+def test_each_round_makes_the_burn_in_taint_agree_with_the_result(agent, result, taint, wanted):
+    n = gpu_node(*([{"key": BURN_IN_TAINT, "value": taint, "effect": "NoSchedule"}] if taint else []))
+    n["metadata"]["annotations"] = {BURN_IN_ANNOTATION: json.dumps({"id": "r1", "result": result})}
+    value = agent.burn_in_taint_value(n, {"enabled": True})
+    taints = agent.plan(n, {"passed": True, "boot_id": "b1"}, [], True, "2026-11-26T10:00:00Z",
+                        burn_in_value=value)["taints"]
+    now = n["spec"]["taints"] if taints is None else taints
+    assert {t["key"]: t.get("value") for t in now}.get(BURN_IN_TAINT) == wanted
+    assert agent.burn_in_taint_value(n, {"enabled": False}) == agent.KEEP
