@@ -24,16 +24,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from corral.health import addon, repair_protocol
-from corral.model.schema import Cluster
+from corral.health import addon, cloud_api, repair_protocol
+from corral.model.schema import CloudPool, Cluster
 
-from . import policy
+from . import node_approver, policy, repair_metrics
 
-NAME = "corral-repair"
-NAMESPACE = repair_protocol.REPAIR_NAMESPACE
+NAME, NAMESPACE, METRICS_PORT = repair_metrics.NAME, repair_metrics.NAMESPACE, repair_metrics.METRICS_PORT
+wanted = repair_metrics.wanted
 SERVICE_ACCOUNT_USER = f"system:serviceaccount:{NAMESPACE}:{NAME}"
 CODE_DIR = "/opt/corral-repair"
-METRICS_PORT = 9402
 REPLICAS = 2
 # Kubernetes' recommended leader election timings (k8s.io/component-base config/v1alpha1/defaults.go,
 # RecommendedDefaultLeaderElectionConfiguration): a new leader within about 15 s of a lost one.
@@ -73,16 +72,31 @@ def config(cluster: Cluster) -> dict:
         "leader_election": {"lease_name": LEASE_NAME, "lease_duration_seconds": LEASE_DURATION_SECONDS,
                             "renew_deadline_seconds": RENEW_DEADLINE_SECONDS,
                             "retry_period_seconds": RETRY_PERIOD_SECONDS},
-        "pools": {pool.name: {"provider": pool.provider} for pool in policy.gpu_pools(cluster)},
+        "pools": {pool.name: {"provider": pool.provider,
+                              # A cloud pool's groups, as the node approver asks the cloud about them.
+                              **({"groups": node_approver.cloud_groups(cluster, pool)}
+                                 if isinstance(pool, CloudPool) else {})}
+                  for pool in policy.gpu_pools(cluster)},
+        # The cloud whose API replaces an instance (the API servers' own); None: no cloud GPU pool.
+        "cloud": cluster.control_plane.cloud if replaces(cluster) else None,
         "resync_seconds": RESYNC_SECONDS,
         "metrics_port": METRICS_PORT,
     }
 
 
+def replaces(cluster: Cluster) -> bool:
+    """Whether the controller replaces instances: a cloud GPU pool. It then needs the API servers'
+    cloud identity, which pods reach only on the host's network (corral/machine/metadata_block.py
+    drops pod addresses; the node approver's choice, corral/manifests/node_approver.py)."""
+    return any(isinstance(pool, CloudPool) for pool in policy.gpu_pools(cluster))
+
+
 def files(cluster: Cluster) -> dict[str, str]:
-    """The ConfigMap's files: the controller, its decisions, and the agent files it imports."""
+    """The ConfigMap's files: the controller, its decisions, and the agent files it imports
+    (and the cloud client, where it replaces instances)."""
     health = Path(addon.__file__).resolve().parent
-    return {
+    cloud = {"cloud_api.py": Path(cloud_api.__file__).read_text()} if replaces(cluster) else {}
+    return {**cloud,
         "controller.py": (HERE / "controller.py").read_text(),
         "decide.py": (HERE / "decide.py").read_text(),
         "agent.py": (health / "agent.py").read_text(),
@@ -108,23 +122,6 @@ def _binding(kind: str, name: str, namespace: str | None) -> dict:
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": _meta(name, namespace),
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": name},
             "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}]}
-
-
-def wanted(cluster: Cluster) -> bool:
-    """Whether the cluster runs the controller: GPU pools, and `health.autoRepair.enabled`."""
-    return bool(policy.gpu_pools(cluster)) and cluster.health.auto_repair.enabled
-
-
-def scrape_jobs(cluster: Cluster) -> list[dict]:
-    """The global Prometheus' job for the controller's /metrics (GPURepairCircuitBreakerOpen and
-    GPURackCordoned in corral/health/rules.py): both replicas, found through the headless Service's
-    DNS A records, not a Kubernetes watch (the global server watches only the API servers' endpoints,
-    docs/scale.md). Prometheus' dns_sd_config: names, type A, port (prometheus discovery/dns/dns.go
-    SDConfig; refreshed every 30 s by default)."""
-    if not wanted(cluster):
-        return []
-    return [{"job_name": NAME, "dns_sd_configs": [{"names": [f"{NAME}.{NAMESPACE}.svc"], "type": "A",
-                                                   "port": METRICS_PORT}]}]
 
 
 def metrics_service() -> dict:
@@ -162,8 +159,10 @@ def rbac() -> list[dict]:
     ]
 
 
-def deployment(config_hash: str) -> dict:
+def deployment(config_hash: str, host_network: bool) -> dict:
     pod_labels = {"app.kubernetes.io/name": NAME}
+    # The host's network only to replace cloud instances (replaces()); it listens on METRICS_PORT.
+    network = {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"} if host_network else {}
     return {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(NAME, NAMESPACE),
         "spec": {
@@ -174,6 +173,7 @@ def deployment(config_hash: str) -> dict:
                 "spec": {
                     "serviceAccountName": NAME,
                     "priorityClassName": NAME,
+                    **network,
                     "affinity": {
                         **policy.autoscaler_affinity(),
                         # The two replicas on two API servers: one machine's loss is not the controller's.
@@ -210,9 +210,13 @@ def deployment(config_hash: str) -> dict:
 def objects(cluster: Cluster, config_hash) -> list[dict]:
     """Every object of the add-on; `config_hash(files)` is render's hash of the ConfigMap's files."""
     code = files(cluster)
+    # Pod Security `restricted` where it can be: everywhere but where the controller replaces cloud
+    # instances, whose host network the Pod Security Standards allow only at `privileged` (baseline
+    # forbids host namespaces). The container stays as `restricted` asks either way.
+    host_network = replaces(cluster)
+    level = "privileged" if host_network else "restricted"
     namespace = {"apiVersion": "v1", "kind": "Namespace",
-                 "metadata": {"name": NAMESPACE, "labels": {**_labels(),
-                                                            **policy.pod_security_labels(cluster, "restricted")}}}
+                 "metadata": {"name": NAMESPACE, "labels": {**_labels(), **policy.pod_security_labels(cluster, level)}}}
     priority = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": _meta(NAME),
                 "value": PRIORITY, "globalDefault": False,
                 "description": "corral's GPU repair controller: above workloads, below the system's own."}
@@ -221,4 +225,4 @@ def objects(cluster: Cluster, config_hash) -> list[dict]:
               for name in (repair_protocol.HISTORY_CONFIGMAP, STATUS_CONFIGMAP)]
     return [namespace, priority, *rbac(),
             {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(NAME, NAMESPACE), "data": code},
-            *stores, metrics_service(), deployment(config_hash(code))]
+            *stores, metrics_service(), deployment(config_hash(code), host_network)]

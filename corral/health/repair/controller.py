@@ -29,6 +29,7 @@ import queue
 import random
 import sys
 import threading
+import types
 import urllib.error
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -546,15 +547,57 @@ def needs_eviction(pod: dict) -> bool:
     return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
 
 
-def cloud_replace():
-    """The cloud call that replaces an instance (H3's cloud_api.replace_instance, shipped beside
-    this file when the cluster has cloud pools); None until it is there: cloud nodes then go from
-    reboot to RMA."""
+class CloudReplacer:
+    """`replace(node)` through the node's pool's groups, with the API servers' cloud identity
+    (cloud_api.py, shipped beside this file for clusters with cloud GPU pools). It acts only on an
+    instance that corral.health.instances' rules allow: the groups are the cluster file's (names,
+    region, zones; project, subscription and resource group the API servers' own), never the
+    node's; the cloud's API, asked read-only (find_instance), says a running instance of one of
+    them has the node's name; and the node's providerID names that same instance. (No two Nodes
+    claiming one instance: decide.replace_refusal, before this is called.)"""
+
+    def __init__(self, cloud_api, session, pools: dict) -> None:
+        self.cloud_api, self.session, self.pools = cloud_api, session, pools
+
+    def groups(self, pool: str) -> list:
+        where = self.session.identity()
+        return [self.cloud_api.Group(g["provider"], g["name"], g["region"], tuple(g["zones"]),
+                                     project=where.get("project", ""), subscription=where.get("subscription", ""),
+                                     resource_group=where.get("resource_group", ""))
+                for g in (self.pools.get(pool) or {}).get("groups", [])]
+
+    def __call__(self, node: dict) -> None:
+        meta = node["metadata"]
+        name, pool = meta["name"], (meta.get("labels") or {}).get(decide.POOL_LABEL, "")
+        claimed = ((node.get("spec") or {}).get("providerID") or "").rstrip("/").rsplit("/", 1)[-1]
+        for group in self.groups(pool):
+            instance = self.cloud_api.find_instance(group, name, session=self.session)
+            if instance is None:
+                continue
+            if not instance.running:
+                raise self.cloud_api.CloudApiError(f"{name}'s instance {instance.instance_id} in {group.name} is "
+                                                   f"{instance.state}, not running: not replaced")
+            if instance.instance_id != claimed:
+                raise self.cloud_api.CloudApiError(
+                    f"{name}'s providerID names {claimed or 'no instance'}, the {group.provider} API says its "
+                    f"instance in {group.name} is {instance.instance_id}: not replaced")
+            target = types.SimpleNamespace(group=group, claim=types.SimpleNamespace(instance=instance.instance_id,
+                                                                                     zone=instance.zone))
+            self.cloud_api.replace_instance(target, session=self.session)
+            return
+        raise self.cloud_api.CloudApiError(f"no instance of pool {pool}'s groups is named {name}: not replaced")
+
+
+def cloud_replace(config: dict):
+    """The replace call of a cluster with cloud GPU pools (cloud_api.py beside this file); None
+    otherwise: cloud nodes then go from a failed reboot to RMA."""
+    if not config.get("cloud"):
+        return None
     try:
         import cloud_api
     except ImportError:
         return None
-    return getattr(cloud_api, "replace_instance", None)
+    return CloudReplacer(cloud_api, cloud_api.CloudSession.from_metadata(config["cloud"]), config["pools"])
 
 
 def main(argv: list[str]) -> int:
@@ -563,7 +606,7 @@ def main(argv: list[str]) -> int:
         config = json.load(fh)
     identity = os.environ.get("POD_NAME") or f"corral-repair-{uuid.uuid4().hex[:8]}"
     api = agent.Api(user_agent=f"{COMPONENT}/{identity}")
-    controller = Controller(api, config, identity, replace=cloud_replace())
+    controller = Controller(api, config, identity, replace=cloud_replace(config))
     controller.metrics.serve(int(config.get("metrics_port", 9402)))
     controller.run()
     return 0

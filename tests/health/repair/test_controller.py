@@ -337,3 +337,54 @@ def test_half_a_rack_cordons_the_rack_as_one_unit(sim):
     assert not any(s.node(n)["spec"].get("unschedulable") for n in rack[2:])
     assert [s.annotation(n, REPAIR)["action"] for n in rack[:2]] == ["reboot", "reboot"]
 
+
+
+# --- replace through the cloud's API (cloud_api.py, against the fake cloud) -----------------------
+
+
+def cloud_sim(sim, tmp_path, provider_id: str):
+    """heron (AWS): one GPU node the fake cloud knows as i-0aaa of heron-gpu-a10g, whose Node claims
+    `provider_id`; the controller replaces through cloud_api with the (fake) API servers' identity."""
+    from corral.health import cloud_api
+    from tests.health.fake_cloud import FakeCloudApi, FakeInstance, FakeMetadata
+
+    name = "ip-10-20-3-4.us-west-2.compute.internal"
+    cloud = FakeCloudApi(tmp_path, [FakeInstance("aws", "heron-gpu-a10g", name, "i-0aaa", "us-west-2a")]).__enter__()
+    metadata = FakeMetadata("aws").__enter__()
+    s = sim(sim_config("heron"))
+    s.add_node(make_node(name, "gpu-a10g", provider_id=provider_id))
+    for i in range(9):
+        s.add_node(make_node(f"ip-10-20-4-{i}.us-west-2.compute.internal", "gpu-a10g",
+                             provider_id=f"aws:///us-west-2a/i-1{i:03d}"))
+    session = cloud_api.CloudSession("aws", metadata_url=metadata.url, **cloud.session_args())
+    s.add_controller("only", replace=s.module.CloudReplacer(cloud_api, session, s.config["pools"]))
+    s.at(5, lambda: s.FAKE_agent_taint(name, XID79))
+    s.at(70, lambda: s.FAKE_agent_report(name, "failed"))
+    return s, name, cloud, metadata
+
+
+def test_replace_through_the_pools_group_with_the_clouds_api(sim, tmp_path):
+    s, name, cloud, metadata = cloud_sim(sim, tmp_path, "aws:///us-west-2a/i-0aaa")
+    try:
+        s.run_until(100)
+    finally:
+        cloud.__exit__()
+        metadata.__exit__()
+    assert ("aws", "TerminateInstanceInAutoScalingGroup") in cloud.calls
+    assert s.annotation(name, REPAIR)["action"] == "replace"
+    assert s.annotation(name, "corral.dev/repair-status")["state"] == "done"
+    assert history(s)[name][-1]["outcome"] == "replaced"
+
+
+def test_no_replace_when_the_node_claims_another_instance_than_the_cloud_names(sim, tmp_path):
+    s, name, cloud, metadata = cloud_sim(sim, tmp_path, "aws:///us-west-2a/i-0zzz")
+    try:
+        s.run_until(130)
+    finally:
+        cloud.__exit__()
+        metadata.__exit__()
+    assert ("aws", "TerminateInstanceInAutoScalingGroup") not in cloud.calls
+    [failed] = s.events("RepairReplaceFailed")
+    assert "providerID names i-0zzz" in failed["message"] and "i-0aaa" in failed["message"]
+    assert s.annotation(name, REPAIR)["action"] == "rma"          # the top of the ladder
+    assert "fake-secret-key" not in json.dumps(s.cluster.objects["events"])   # no credential in events

@@ -100,3 +100,23 @@ def test_rendered_with_gpu_pools_when_enabled_only():
         "auto_repair": c.health.auto_repair.model_copy(update={"enabled": False})})})
     assert "repair" not in [a.name for a in render(off)]
     assert "repair" not in [a.name for a in render(cluster("ibis"))] or any(p.gpu for p in cluster("ibis").node_pools)
+
+
+def test_where_it_replaces_cloud_instances_it_runs_on_the_host_network_and_ships_the_cloud_client():
+    """Cloud GPU pools: the API servers' cloud identity is reachable only on the host's network
+    (the node approver's choice), which Pod Security allows only at `privileged`; the container
+    stays as `restricted` asks. On-prem only: restricted, no host network, no cloud client."""
+    got = objects("heron")
+    assert got[("Namespace", "/corral-repair")]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] \
+        == "privileged"
+    pod = got[("Deployment", "corral-repair/corral-repair")]["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    data = got[("ConfigMap", "corral-repair/corral-repair")]["data"]
+    assert "cloud_api.py" in data
+    config = json.loads(data["config.json"])
+    assert config["cloud"] == "aws"
+    assert config["pools"]["gpu-a10g"]["groups"][0]["name"] == "heron-gpu-a10g"
+    on_prem = objects("jaguar")
+    assert "hostNetwork" not in on_prem[("Deployment", "corral-repair/corral-repair")]["spec"]["template"]["spec"]
+    assert "cloud_api.py" not in on_prem[("ConfigMap", "corral-repair/corral-repair")]["data"]
