@@ -7,6 +7,7 @@ None of this existed before issue 27: every test fails on the old code (no contr
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 from .conftest import XID48, XID79, make_node, sim_config
@@ -342,15 +343,21 @@ def test_half_a_rack_cordons_the_rack_as_one_unit(sim):
 # --- replace through the cloud's API (cloud_api.py, against the fake cloud) -----------------------
 
 
-def cloud_sim(sim, tmp_path, provider_id: str):
+@contextlib.contextmanager
+def cloud_sim(sim, tmp_path, provider_id: str, until: float):
     """heron (AWS): one GPU node the fake cloud knows as i-0aaa of heron-gpu-a10g, whose Node claims
-    `provider_id`; the controller replaces through cloud_api with the (fake) API servers' identity."""
+    `provider_id`, its reboot failed; the controller replaces through cloud_api with the (fake) API
+    servers' identity. Run to `until`."""
     from corral.health import cloud_api
     from tests.health.fake_cloud import FakeCloudApi, FakeInstance, FakeMetadata
 
     name = "ip-10-20-3-4.us-west-2.compute.internal"
-    cloud = FakeCloudApi(tmp_path, [FakeInstance("aws", "heron-gpu-a10g", name, "i-0aaa", "us-west-2a")]).__enter__()
-    metadata = FakeMetadata("aws").__enter__()
+    with FakeCloudApi(tmp_path, [FakeInstance("aws", "heron-gpu-a10g", name, "i-0aaa", "us-west-2a")]) as cloud, \
+            FakeMetadata("aws") as metadata:
+        yield run_cloud_sim(sim, cloud_api, cloud, metadata, name, provider_id, until), name, cloud
+
+
+def run_cloud_sim(sim, cloud_api, cloud, metadata, name: str, provider_id: str, until: float):
     s = sim(sim_config("heron"))
     s.add_node(make_node(name, "gpu-a10g", provider_id=provider_id))
     for i in range(9):
@@ -360,16 +367,13 @@ def cloud_sim(sim, tmp_path, provider_id: str):
     s.add_controller("only", replace=s.module.CloudReplacer(cloud_api, session, s.config["pools"]))
     s.at(5, lambda: s.FAKE_agent_taint(name, XID79))
     s.at(70, lambda: s.FAKE_agent_report(name, "failed"))
-    return s, name, cloud, metadata
+    s.run_until(until)
+    return s
 
 
 def test_replace_through_the_pools_group_with_the_clouds_api(sim, tmp_path):
-    s, name, cloud, metadata = cloud_sim(sim, tmp_path, "aws:///us-west-2a/i-0aaa")
-    try:
-        s.run_until(100)
-    finally:
-        cloud.__exit__()
-        metadata.__exit__()
+    with cloud_sim(sim, tmp_path, "aws:///us-west-2a/i-0aaa", until=100) as (s, name, cloud):
+        pass
     assert ("aws", "TerminateInstanceInAutoScalingGroup") in cloud.calls
     assert s.annotation(name, REPAIR)["action"] == "replace"
     assert s.annotation(name, "corral.dev/repair-status")["state"] == "done"
@@ -377,12 +381,8 @@ def test_replace_through_the_pools_group_with_the_clouds_api(sim, tmp_path):
 
 
 def test_no_replace_when_the_node_claims_another_instance_than_the_cloud_names(sim, tmp_path):
-    s, name, cloud, metadata = cloud_sim(sim, tmp_path, "aws:///us-west-2a/i-0zzz")
-    try:
-        s.run_until(130)
-    finally:
-        cloud.__exit__()
-        metadata.__exit__()
+    with cloud_sim(sim, tmp_path, "aws:///us-west-2a/i-0zzz", until=130) as (s, name, cloud):
+        pass
     assert ("aws", "TerminateInstanceInAutoScalingGroup") not in cloud.calls
     [failed] = s.events("RepairReplaceFailed")
     assert "providerID names i-0zzz" in failed["message"] and "i-0aaa" in failed["message"]
