@@ -149,8 +149,9 @@ def fleet_manifests(
     admission check and the dispatched teams' ClusterQueues. Each worker's: the
     manager's ServiceAccount and least-privilege ClusterRole.
     """
-    from corral.manifests import ManifestError, to_yaml
+    from corral.manifests import ManifestError
     from corral.manifests.multikueue import (
+        fleet_yaml,
         manager_objects,
         worker_objects,
         workers_agree,
@@ -167,13 +168,9 @@ def fleet_manifests(
         for name in names:
             if only not in (None, name):
                 continue
-            cluster = fleet.clusters.clusters[name]
-            if name == fleet.spec.multi_kueue.manager:
-                objects, role = manager_objects(fleet), "manager"
-            else:
-                objects, role = worker_objects(fleet, name), "worker"
-            out.print(to_yaml(cluster, objects, f"MultiKueue of fleet {fleet.spec.name}: {role} {name}"),
-                      markup=False, end="")
+            manager = name == fleet.spec.multi_kueue.manager
+            objects = manager_objects(fleet) if manager else worker_objects(fleet, name)
+            out.print(fleet_yaml(fleet, name, objects), markup=False, end="")
     except ManifestError as error:
         fail(str(error))
 

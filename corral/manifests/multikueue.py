@@ -50,8 +50,6 @@ from corral.model.fleet import LoadedFleet, team_of
 from . import ManifestError
 
 KUEUE_GROUP = "kueue.x-k8s.io"
-# The pinned release's only version (tests/manifests/kueue_crds/v0.12.10 serves v1beta1 alone).
-KUEUE_API_VERSION = "v1beta1"
 # The MultiKueue admission check controller's name (AdmissionCheck.spec.controllerName,
 # multikueue-setup.yaml; kueue pkg/controller/admissionchecks/multikueue ControllerName).
 MULTIKUEUE_CONTROLLER = "kueue.x-k8s.io/multikueue"
@@ -82,11 +80,12 @@ JOB_KIND_RULES: dict[str, tuple[dict, ...]] = {
 }
 
 
-def _kueue():
-    """The Kueue add-on (corral/manifests/kueue.py): its API version and each cluster's queue objects."""
+def _queue_objects(cluster) -> list[dict]:
+    """The Kueue add-on's queue objects of `cluster` (corral/manifests/kueue.py), copies."""
     from . import kueue
 
-    return kueue
+    kinds = ("ResourceFlavor", "ClusterQueue", "LocalQueue")
+    return [copy.deepcopy(dict(obj)) for obj in kueue.objects(cluster) if obj["kind"] in kinds]
 
 
 def config_name(fleet: LoadedFleet) -> str:
@@ -100,44 +99,45 @@ def _meta(name: str, namespace: str | None = None) -> dict:
     return meta
 
 
-def _queue_objects(cluster) -> list[dict]:
-    return [copy.deepcopy(dict(obj)) for obj in _kueue().queue_objects(cluster)]
-
-
 def _by_kind(objects: Iterable[dict], kind: str) -> dict[str, dict]:
     return {obj["metadata"]["name"]: obj for obj in objects if obj["kind"] == kind}
 
 
-def team_queue_names(cluster, team_name: str) -> tuple[str, list[tuple[str, str]]]:
-    """The team's ClusterQueue name and its LocalQueues (namespace, name) as the Kueue add-on renders them."""
-    kueue = _kueue()
-    found = team_of(cluster, team_name)
-    if found is None:
+def team_queue_names(cluster, team_name: str, objects: list[dict] | None = None) -> tuple[str, list[tuple[str, str]]]:
+    """The team's ClusterQueue name and its LocalQueues (namespace, name), as the Kueue add-on renders them."""
+    from corral.model.kueue import cluster_quotas
+
+    if team_of(cluster, team_name) is None:
         raise ManifestError(f"cluster {cluster.name} has no team {team_name}")
-    return kueue.cluster_queue_name(found[1]), [(ns, kueue.local_queue_name(found[1])) for ns in found[1].namespaces]
+    queue = next(q.name for q in cluster_quotas(cluster) if q.team == team_name)
+    objects = _queue_objects(cluster) if objects is None else objects
+    local = sorted((o["metadata"]["namespace"], o["metadata"]["name"]) for o in objects
+                   if o["kind"] == "LocalQueue" and o["spec"]["clusterQueue"] == queue)
+    return queue, local
 
 
 def _summed_quota(queues: list[dict]) -> list[dict]:
-    """The resource groups of `queues` (one team's ClusterQueues on the workers), quotas summed per flavor and resource.
+    """The resource groups of `queues` (one team's ClusterQueues on the workers): nominal quotas summed
+    per flavor and resource, flavors in the order first seen, those with no quota anywhere left out.
 
-    Every worker's queue for the team covers the same resources (the fleet
-    rules); flavors are kept in the order first seen.
+    Only nominal quota: the manager's queue stands alone (no cohort), so the
+    workers' borrowing and lending limits have nothing to apply to there.
     """
-    groups: dict[tuple[str, ...], dict[str, dict[str, str]]] = {}
+    groups: dict[tuple[str, ...], dict[str, dict[str, str | int]]] = {}
     for queue in queues:
         for group in queue["spec"].get("resourceGroups", []):
-            covered = tuple(group["coveredResources"])
-            flavors = groups.setdefault(covered, {})
+            flavors = groups.setdefault(tuple(group["coveredResources"]), {})
             for flavor in group["flavors"]:
                 resources = flavors.setdefault(flavor["name"], {})
                 for resource in flavor["resources"]:
-                    resources[resource["name"]] = _add_quantities(
-                        resources.get(resource["name"], "0"), str(resource["nominalQuota"]))
+                    resources[resource["name"]] = _add_quantities(resources.get(resource["name"], 0),
+                                                                  resource["nominalQuota"])
     return [
         {"coveredResources": list(covered),
          "flavors": [{"name": flavor, "resources": [{"name": name, "nominalQuota": quota}
                                                     for name, quota in resources.items()]}
-                     for flavor, resources in flavors.items()]}
+                     for flavor, resources in flavors.items()
+                     if any(_parse_quantity(quota)[0] for quota in resources.values())]}
         for covered, flavors in groups.items()
     ]
 
@@ -179,7 +179,9 @@ def manager_objects(fleet: LoadedFleet) -> list[dict]:
 
 def multikueue_objects(fleet: LoadedFleet) -> list[dict]:
     """A MultiKueueCluster per worker, the MultiKueueConfig and the AdmissionCheck."""
-    api = f"{KUEUE_GROUP}/{KUEUE_API_VERSION}"
+    from .kueue import KUEUE_API
+
+    api = KUEUE_API
     mk = fleet.spec.multi_kueue
     objects: list[dict] = []
     for worker in mk.workers:
@@ -211,21 +213,24 @@ def dispatching_queues(fleet: LoadedFleet) -> list[dict]:
     worker_queues = {worker.name: _queue_objects(worker) for worker in fleet.workers}
     needed_flavors: dict[str, dict] = {}
     for team in mk.teams:
-        cq_name, _ = team_queue_names(fleet.manager, team)
-        if cq_name not in manager_cqs:
-            raise ManifestError(f"the Kueue add-on renders no ClusterQueue {cq_name} for team {team} on "
+        name, _ = team_queue_names(fleet.manager, team, manager_queues)
+        if name not in manager_cqs:
+            raise ManifestError(f"the Kueue add-on renders no ClusterQueue {name} for team {team} on "
                                 f"{fleet.manager.name}")
-        queue = manager_cqs[cq_name]
+        queue = manager_cqs[name]
         on_workers = []
         for worker in fleet.workers:
-            name, _ = team_queue_names(worker, team)
-            cqs = _by_kind(worker_queues[worker.name], "ClusterQueue")
-            on_workers.append(cqs[name])
-            flavors = _by_kind(worker_queues[worker.name], "ResourceFlavor")
-            for group in cqs[name]["spec"].get("resourceGroups", []):
-                for flavor in group["flavors"]:
-                    needed_flavors.setdefault(flavor["name"], flavors[flavor["name"]])
-        queue["spec"]["resourceGroups"] = _summed_quota(on_workers)
+            worker_name, _ = team_queue_names(worker, team, worker_queues[worker.name])
+            on_workers.append(_by_kind(worker_queues[worker.name], "ClusterQueue")[worker_name])
+        groups = _summed_quota(on_workers)
+        flavors = {f["name"] for group in groups for f in group["flavors"]}
+        for worker in fleet.workers:
+            for flavor_name, flavor in _by_kind(worker_queues[worker.name], "ResourceFlavor").items():
+                if flavor_name in flavors:
+                    needed_flavors.setdefault(flavor_name, flavor)
+        # Quota only: no cohort to borrow from or lend to on the manager, where none of it runs.
+        queue["spec"].pop("cohort", None)
+        queue["spec"]["resourceGroups"] = groups
         _require_admission_check(queue)
         queue["metadata"].setdefault("labels", {}).update(MANAGED_BY)
         objects.append(queue)
@@ -301,6 +306,18 @@ def kueue_config(fleet: LoadedFleet) -> dict:
 def secret_reference(worker: str) -> tuple[str, str, str]:
     """(namespace, Secret, key) the manager's MultiKueueCluster for `worker` reads."""
     return NAMESPACE, manager_secret_name(worker), KUBECONFIG_KEY
+
+
+def fleet_yaml(fleet: LoadedFleet, cluster_name: str, objects: list[dict]) -> str:
+    """`objects` of one cluster of the fleet as a YAML stream, headed by where they come from."""
+    from .render import _dump
+
+    cluster = fleet.clusters.clusters[cluster_name]
+    role = "manager" if cluster_name == fleet.spec.multi_kueue.manager else "worker"
+    return _dump(list(objects), (
+        f"# MultiKueue of fleet {fleet.spec.name}: the {role} {cluster_name} (Kubernetes "
+        f"{cluster.kubernetes.version}).\n# Rendered by `corral fleet manifests` from {fleet.document.display} "
+        f"and clusters/{cluster_name}.yaml: edit those, not this.\n"))
 
 
 def workers_agree(fleet: LoadedFleet) -> list[str]:

@@ -206,8 +206,7 @@ def team_of(cluster: Cluster, name: str) -> tuple[int, Team] | None:
 
 def kueue_enabled(cluster: Cluster) -> bool:
     """Kueue runs on the cluster (`scheduling.kueue.enabled`, corral/model/kueue.py)."""
-    kueue = getattr(cluster.scheduling, "kueue", None)
-    return bool(kueue is not None and kueue.enabled)
+    return cluster.scheduling.kueue.enabled
 
 
 def team_gpu_models(cluster: Cluster, team: Team) -> dict[str, int]:
