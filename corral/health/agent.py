@@ -282,22 +282,30 @@ def repair_step(request: dict | None, record: dict | None, boot_id: str, now_epo
     return request["action"]      # a reset interrupted by an agent restart: a reset may be done again
 
 
-def burn_in_due(node: dict, record: dict | None) -> str | None:
+FINISHED = ("passed", "failed")
+
+
+def burn_in_due(node: dict, record: dict | None, burn_record: dict | None = None) -> str | None:
     """The id of the burn-in the node needs now, or None.
 
     After a repair the agent carried out (its record says done for the controller's current
     request): that repair's id, until the node carries a finished burn-in of it. A new node
     (behind the preflight taint, with no burn-in yet, or one an agent restart interrupted):
     JOIN_BURN_IN_ID. A finished burn-in is not repeated: a failed one stays failed until a new
-    repair (or a person deletes the annotation)."""
+    repair. `burn_record`: the agent's own record of its last burn-in (burn-in.json beside the
+    verdict), which a lost or stale annotation write does not undo."""
     burn = json_annotation(node, BURN_IN_ANNOTATION)
+
+    def finished(burn_id: str) -> bool:
+        return any(r and r.get("id") == burn_id and r.get("result") in FINISHED for r in (burn, burn_record))
+
     request = json_annotation(node, REPAIR_ANNOTATION)
     if request and record and record.get("id") == request.get("id") and record.get("state") == "done":
-        finished = burn and burn.get("id") == request["id"] and burn.get("result") in ("passed", "failed")
-        return None if finished else request["id"]
+        return None if finished(request["id"]) else request["id"]
     behind_preflight = any(t.get("key") == PREFLIGHT_TAINT and t.get("value") != ACTIVE_CHECK_FENCE
                            for t in node.get("spec", {}).get("taints") or [])
-    if behind_preflight and (burn is None or (burn.get("id") == JOIN_BURN_IN_ID and burn.get("result") == "running")):
+    unstarted = burn is None or (burn.get("id") == JOIN_BURN_IN_ID and burn.get("result") == "running")
+    if behind_preflight and unstarted and not finished(JOIN_BURN_IN_ID):
         return JOIN_BURN_IN_ID
     return None
 
@@ -1069,7 +1077,12 @@ class Agent:
         settings = self.config.get("burn_in") or {}
         if not settings.get("enabled"):
             return False
-        burn_id = burn_in_due(self.node, read_json(self._state_path("repair.json")))
+        burn_record = read_json(self._state_path("burn-in.json"))
+        shown = json_annotation(self.node, BURN_IN_ANNOTATION)
+        if (burn_record and burn_record.get("result") in FINISHED and shown != burn_record
+                and (shown is None or shown.get("id") == burn_record.get("id"))):
+            self._annotate(BURN_IN_ANNOTATION, burn_record)     # a lost write of the last result
+        burn_id = burn_in_due(self.node, read_json(self._state_path("repair.json")), burn_record)
         if burn_id is None or verdict is None:
             return False        # nothing due, or this boot's preflight has not spoken yet
         join = burn_id == JOIN_BURN_IN_ID
@@ -1085,6 +1098,7 @@ class Agent:
         running = {"id": burn_id, "result": "running", "dcgmLevel": level, "at": now(self.clock.time())}
         self._wrote(patch_taints(self.api, self.node, burn_in_taints(self.node["spec"].get("taints") or [],
                                                                      "running", join)))
+        write_json(self._state_path("burn-in.json"), running)
         self._annotate(BURN_IN_ANNOTATION, running)
         timeout = int(settings["timeout_seconds"])
         diag = run_on_host(self.config, ["dcgmi", "diag", "-r", str(level), "-j"], timeout=timeout)
@@ -1098,7 +1112,8 @@ class Agent:
 
     def _finish_burn_in(self, result: dict, join: bool) -> None:
         result = dict(result, at=now(self.clock.time()))
-        # The result first, then the taints: whoever sees the taints gone sees why.
+        # Recorded on the host, then the result, then the taints: whoever sees the taints gone sees why.
+        write_json(self._state_path("burn-in.json"), result)
         self._annotate(BURN_IN_ANNOTATION, result)
         # Minutes passed: the node as it is now (one consistent read), then only the agent's taints.
         node = self.api.call("GET", f"/api/v1/nodes/{self.node_name}")

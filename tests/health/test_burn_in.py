@@ -244,3 +244,19 @@ def test_each_round_makes_the_burn_in_taint_agree_with_the_result(agent, result,
     now = n["spec"]["taints"] if taints is None else taints
     assert {t["key"]: t.get("value") for t in now}.get(BURN_IN_TAINT) == wanted
     assert agent.burn_in_taint_value(n, {"enabled": False}) == agent.KEEP
+
+
+def test_a_lost_result_write_is_written_again_not_burned_in_again(agent, node_env, monkeypatch):
+    monkeypatch.setenv("FAKE_NCCL_BUSBW", "455.2")
+    api = annotating_api(gpu_node(PREFLIGHT), [])
+    agent.once(api, node_env["config"], "gpu-001")
+    passed = api.burn_in()
+    # The node as if the last writes were lost: the burn-in "running", the taints still on.
+    api.node["metadata"]["annotations"][BURN_IN_ANNOTATION] = json.dumps(
+        {"id": JOIN_BURN_IN_ID, "result": "running", "dcgmLevel": 3, "at": passed["at"]})
+    api.node["spec"]["taints"] = gpu_node(PREFLIGHT, {"key": BURN_IN_TAINT, "value": "pending",
+                                                      "effect": "NoSchedule"})["spec"]["taints"]
+    agent.once(api, node_env["config"], "gpu-001")
+    assert len(host_calls(node_env)) == 2 and api.burn_in() == passed
+    agent.once(api, node_env["config"], "gpu-001")
+    assert api.taint_keys() == {"nvidia.com/gpu": "present"}
