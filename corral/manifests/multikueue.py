@@ -173,8 +173,29 @@ def _add_quantities(first: str | int, second: str | int) -> str | int:
 
 
 def manager_objects(fleet: LoadedFleet) -> list[dict]:
-    """The manager's MultiKueue objects and its dispatched teams' ClusterQueues (replacing the add-on's)."""
-    return multikueue_objects(fleet) + dispatching_queues(fleet)
+    """The manager's MultiKueue objects, its Kueue configuration with the `multiKueue` section, and its
+    dispatched teams' ClusterQueues (the last two replace the add-on's objects of the same names)."""
+    return [manager_configmap(fleet), *multikueue_objects(fleet), *dispatching_queues(fleet)]
+
+
+def manager_configmap(fleet: LoadedFleet) -> dict:
+    """The Kueue add-on's kueue-manager-config ConfigMap of the manager, with `kueue_config(fleet)` in it."""
+    import io
+
+    from ruamel.yaml import YAML
+
+    from . import kueue
+
+    configmap = next(copy.deepcopy(dict(o)) for o in kueue.objects(fleet.manager)
+                     if o["kind"] == "ConfigMap" and o["metadata"]["name"] == kueue.MANAGER_CONFIGMAP)
+    yaml = YAML(typ="safe", pure=True)
+    yaml.default_flow_style = False
+    config = yaml.load(configmap["data"][kueue.MANAGER_CONFIG_KEY])
+    config["multiKueue"] = kueue_config(fleet)
+    stream = io.StringIO()
+    yaml.dump(config, stream)
+    configmap["data"] = {kueue.MANAGER_CONFIG_KEY: stream.getvalue()}
+    return configmap
 
 
 def multikueue_objects(fleet: LoadedFleet) -> list[dict]:

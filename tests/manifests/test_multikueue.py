@@ -148,7 +148,8 @@ def loaded(tmp_path: Path) -> LoadedFleet:
 
 def test_every_manager_object_validates_against_the_pinned_crds(tmp_path):
     fleet = loaded(tmp_path)
-    objects = manager_objects(fleet)
+    configmap, *objects = manager_objects(fleet)
+    assert configmap["kind"] == "ConfigMap"
     assert {o["kind"] for o in objects} == {"MultiKueueCluster", "MultiKueueConfig", "AdmissionCheck",
                                             "ClusterQueue", "ResourceFlavor"}
     for obj in objects:
@@ -222,3 +223,23 @@ def test_the_fleet_rules_refuse_a_team_whose_namespace_a_worker_lacks(tmp_path):
     assert any(m.startswith("team robotics on worker jaguar (") and "lacks namespace robotics-eval" in m
                for m in messages)
     assert any(m.startswith("team robotics on worker ibis (") for m in messages)
+
+
+def test_the_managers_kueue_configuration_gets_the_multikueue_section_and_keeps_the_add_ons(tmp_path):
+    from ruamel.yaml import YAML
+
+    from corral.manifests import kueue
+
+    fleet = loaded(tmp_path)
+    configmap = manager_objects(fleet)[0]
+    addon = next(o for o in kueue.objects(fleet.manager) if o["kind"] == "ConfigMap")
+    assert configmap["metadata"] == addon["metadata"]
+    yaml = YAML(typ="safe", pure=True)
+    config = yaml.load(configmap["data"][kueue.MANAGER_CONFIG_KEY])
+    before = yaml.load(addon["data"][kueue.MANAGER_CONFIG_KEY])
+    assert config.pop("multiKueue") == {"origin": "corral-research"}
+    assert config == before
+    # No feature gate for MultiKueue: beta and on at the pinned release; MultiKueueBatchJobWithManagedBy
+    # stays off (the manager's Kubernetes 1.30 has JobManagedBy off).
+    assert "MultiKueue" not in config.get("featureGates", {})
+    assert "MultiKueueBatchJobWithManagedBy" not in config.get("featureGates", {})
