@@ -732,6 +732,9 @@ def autoscaler_args(cluster: Cluster) -> list[str]:
         "--stderrthreshold=info",
         "--v=2",
     ]
+    if autoscaler_host_network(cluster):
+        # On the host's network: serve metrics on the loopback only (no port on the API servers).
+        args.append(f"--address={AUTOSCALER_METRICS_ADDRESS}")
     return args
 
 
@@ -772,11 +775,32 @@ def autoscaler_affinity() -> dict:
     }
 
 
+# The address cluster-autoscaler serves its metrics and /health-check on (flag `--address`,
+# default ":8085": cluster-autoscaler/main.go and FAQ.md "What are the parameters to CA?",
+# v1.30 and v1.31). On the host's network that default would listen on the API servers'
+# every interface; nothing scrapes it, so it stays on the machine's loopback.
+AUTOSCALER_METRICS_ADDRESS = "127.0.0.1:8085"
+
+
 def autoscaler_host_network(cluster: Cluster) -> bool:
-    """AWS only: instance credentials come from IMDSv2, whose hop limit of 1
-    (corral/infra/aws/common.py metadata_options) keeps pod networks out; a
-    host-network pod is on the instance's own interface."""
-    return cluster.control_plane.cloud == "aws"
+    """Every cloud: cluster-autoscaler scales the pools with the API servers' own
+    identity, which it reads from the instance metadata service (169.254.169.254),
+    and corral/machine/metadata_block.py drops pod-network traffic to it on every
+    kubelet machine. Only a host-network pod is the instance's own process there.
+
+    What each provider reads there (kubernetes/autoscaler, cluster-autoscaler 1.31):
+      aws    the instance profile's credentials through IMDSv2, whose hop limit of 1
+             (corral/infra/aws/common.py metadata_options) also keeps pods out;
+      gcp    cloudprovider/gce/gce_manager.go: `google.ComputeTokenSource("")` (the
+             service account's token) and, with no config file, `metadata.Get
+             ("instance/zone")` and `metadata.ProjectID()` at start;
+      azure  ARM_USE_MANAGED_IDENTITY_EXTENSION=true (autoscaler_env): the managed
+             identity's token from IMDS; upstream's own MSI example
+             (cloudprovider/azure/examples/cluster-autoscaler-vmss-msi.yaml) runs
+             with `hostNetwork: true` for the same reason.
+    The node approver (corral/manifests/node_approver.py) and the repair controller
+    (corral/manifests/repair.py) reach the same identity the same way."""
+    return cluster.control_plane.cloud in ("aws", "gcp", "azure")
 
 
 def off_gpu_affinity() -> dict:
