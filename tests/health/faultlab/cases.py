@@ -81,9 +81,9 @@ CASES: tuple[Case, ...] = (
     one("roce-port-down", READMITTED, (frozenset({REBOOT}),), "a RoCE port DOWN: not the GPU's, a reset cannot help"),
     Case("application-xids", "Xids 13, 31, 43: the job's own errors, no action",
          (Injection(0, "xid13"), Injection(0, "xid31", at=130.0), Injection(0, "xid43", at=140.0)), UNTOUCHED,
-         horizon=900.0),
+         horizon=600.0),
     Case("flapping", "a RoCE port going down and up every minute until a reboot: one repair, not one per flap",
-         (), READMITTED, (frozenset({REBOOT}),), flap=(0, "roce-port-down", 20.0, 40.0), horizon=1800.0),
+         (), READMITTED, (frozenset({REBOOT}),), flap=(0, "roce-port-down", 20.0, 40.0), horizon=900.0),
     Case("fault-during-burn-in", "Xid 48, reset, then Xid 79 during the burn-in: burn-in fails, escalates "
          "to a reboot, then passes", (Injection(0, "xid48"),), READMITTED,
          (frozenset({RESET}), frozenset({REBOOT})), burn_in_faults={0: ["xid79"]}),
@@ -95,8 +95,7 @@ CASES: tuple[Case, ...] = (
          (Injection(3, "xid79"),), RMA, (frozenset({RMA_ACTION}),), history={3: _EARLIER}),
     Case("spike-60-percent", "Xid 79 on 6 of 10 nodes within 3 s (power, fabric): the circuit breaker trips, "
          "no repairs", tuple(Injection(i, "xid79", at=30.0 + 0.5 * i) for i in range(6)), BREAKER, nodes=10,
-         rack_size=None,
-         horizon=1200.0),
+         rack_size=None, horizon=600.0),
     Case("rack-failure", "3 of 5 nodes of rack sf1-r02 lose a GPU within 2 s (its power): the rack is "
          "cordoned as one, one alert, no per-node repair",
          tuple(Injection(i, "gpu-off-the-bus", at=30.0 + (i - 5)) for i in (5, 6, 7)), RACK,

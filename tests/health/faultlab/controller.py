@@ -110,9 +110,9 @@ def empty_stores(cluster, config: dict) -> None:
                         "ADDED")
 
 
-def attach_controller(lab, case) -> None:
+def attach_controller(lab, case, replicas: int = REPLICAS) -> None:
     """Give the lab the repair controller for this case (started by lab.start())."""
     config = controller_config(case.auto_repair)
     empty_stores(lab.cluster, config)
     module = load_controller_module(lab.workdir / "controller")
-    lab.controller = Replicas(module, config, lab.server.url, lab.sa_dir, lab.clock)
+    lab.controller = Replicas(module, config, lab.server.url, lab.sa_dir, lab.clock, replicas)

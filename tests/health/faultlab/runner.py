@@ -16,10 +16,10 @@ from pathlib import Path
 from corral.health import repair_protocol as protocol
 
 from . import cases as C
-from .controller import attach_controller, missing_pieces
+from .controller import REPLICAS, attach_controller, missing_pieces
 from .lab import FaultLab, Timeline
 
-LINGER_SECONDS = 300.0       # after the end state: long enough for a late wrong readmission to show
+LINGER_SECONDS = 180.0       # after the end state: long enough for a late wrong readmission to show
 
 
 @dataclass
@@ -133,15 +133,16 @@ def schedule(lab: FaultLab, case: C.Case) -> None:
 
 
 def run_case(case: C.Case, workdir: Path, *, with_controller: bool = True, tls: bool = False,
-             burn_in: dict | None = None) -> CaseResult:
-    """`burn_in`: the agent's burn-in settings to override (dcgm_level: the cluster file's dcgmLevel)."""
+             burn_in: dict | None = None, replicas: int = REPLICAS) -> CaseResult:
+    """`burn_in`: the agent's burn-in settings to override (dcgm_level: the cluster file's dcgmLevel);
+    `replicas`: the controller's (two as deployed; one leader acts either way)."""
     lab = FaultLab(workdir, nodes=case.nodes, rack_size=case.rack_size, nvlink=case.nvlink, tls=tls,
                    burn_in=burn_in)
     try:
         seed_history(lab, case)
         horizon = case.horizon
         if with_controller and not missing_pieces():
-            attach_controller(lab, case)
+            attach_controller(lab, case, replicas)
         else:
             # Without the loop's pieces only detection happens: watch it, not hours of nothing.
             horizon = max(i.at for i in case.faults or (C.Injection(0, "", at=30.0),)) + 120.0
