@@ -11,7 +11,7 @@ The convention (docs/getting-started/README.md says it to authors):
   is visible in the guide, and the test keeps its own list of them
   (NOT_RUN in test_guides.py): a marker the list lacks, or a list entry the
   guide lacks, fails.
-- ```diff blocks: an edit of a file, applied with `patch -p1` where it stands.
+- ```diff blocks: an edit of a file, applied where it stands (`git apply -p1`).
 - ```yaml (or ```json) blocks whose first line is `# file: PATH`: a file the
   reader saves at PATH.
 - Every other block (```yaml without the file line, ```text) is shown only.
@@ -141,7 +141,8 @@ def run_guide(steps: list[Step], workdir: Path, env: dict[str, str], scratch: Pa
             content = scratch / f"{number}.content"
             content.write_text(step.text)
             target = shlex.quote(step.path)
-            body = (f"patch -p1 --forward --no-backup-if-mismatch < {shlex.quote(str(content))}"
+            # git apply, not patch(1): git is installed wherever the tests run (scripts/install --test)
+            body = (f"git apply -p1 {shlex.quote(str(content))}"
                     if step.kind == "patch" else
                     f"mkdir -p \"$(dirname {target})\" && cp {shlex.quote(str(content))} {target}")
         script.append(f"{body} >{shlex.quote(str(out))} 2>&1; echo $? >{shlex.quote(str(rc))}")
