@@ -14,11 +14,16 @@ configuration points at: the kernel log (Xid lines; in /run, so a reboot
 clears it like the kernel's ring buffer) and the RoCE ports' sysfs tree.
 
 Asserted on the host and on the node object: the preflight verdict and the
-preflight taint (removed on a pass, kept on a fail); passive faults ->
+preflight taint (removed on a pass, and only after the join burn-in passed,
+kept on a fail); passive faults ->
 condition + corral.dev/unhealthy with the right effect; a failed preflight
 does not leave the host degraded at boot; `--remediate` cordons, drains,
 reboots (a supervisor thread restarts the container as systemd-nspawn@.service
 would on exit 133), re-runs the preflight, and the agent lifts the taints.
+Automatic repair (issue 27): the repair controller's reboot request, carried
+out by the agent itself (systemctl reboot on its host), reported done after
+the new boot, and the node burned in again (the fake dcgmi and all_reduce_perf
+of fake_host_bin installed on the host) before its taints go.
 """
 
 from __future__ import annotations
@@ -40,6 +45,10 @@ from corral.nodes.known_hosts import trust as trust_host_keys
 from corral.nodes import inventory as inv
 from tests.nodes import joinlab
 
+from corral.health.repair_protocol import (
+    BURN_IN_ANNOTATION, BURN_IN_TAINT, JOIN_BURN_IN_ID, REPAIR_ANNOTATION, REPAIR_STATUS_ANNOTATION,
+)
+
 from .conftest import FAKE_BIN, ROOT
 from .fake_apiserver import FakeApiServer, locked_nodes
 
@@ -56,6 +65,10 @@ IB_PORT = "/var/lib/corral-fakes/infiniband/mlx5_0/ports/1"
 AGENT_DIR = "/opt/corral-health"
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 SA_SOURCE = "/etc/corral-test/serviceaccount"
+FAKE_HOST_BIN = Path(__file__).resolve().parent / "fake_host_bin"
+HOST_LOG = "/var/log/corral-fakes-host.log"          # the host fakes' calls (kept across reboots)
+# Above the 90% line of the H100 baseline (corral/health/baselines.py): the burn-in passes.
+HOST_BUSBW = "455.5"
 
 
 class RebootSupervisor(threading.Thread):
@@ -96,6 +109,8 @@ StartLimitIntervalSec=0
 ExecStartPre=/bin/sh -c 'mkdir -p {SA_DIR} && cp {SA_SOURCE}/token {SA_SOURCE}/ca.crt {SA_DIR}/'
 Environment=KUBERNETES_SERVICE_HOST={address} KUBERNETES_SERVICE_PORT={api.port} NODE_NAME={NODE}
 Environment=PYTHONDONTWRITEBYTECODE=1 CORRAL_HEALTH_CONFIG={AGENT_DIR}/config.json
+# The burn-in's fake DCGM and nccl-tests (TEST FAKES, /usr/local/bin): where they log, what they measure.
+Environment=FAKE_HOST_LOG={HOST_LOG} FAKE_NCCL_BUSBW={HOST_BUSBW}
 ExecStart=/usr/bin/python3 {AGENT_DIR}/agent.py
 Restart=always
 RestartSec=1
@@ -143,6 +158,9 @@ def rig(hostlab, hostlab_repo, tmp_path_factory):
             host.path(f"{AGENT_DIR}/{name}").parent.mkdir(parents=True, exist_ok=True)
             host.path(f"{AGENT_DIR}/{name}").write_text(files[name])
         host.path(SA_SOURCE).mkdir(parents=True, exist_ok=True)
+        for fake in ("dcgmi", "all_reduce_perf"):      # the host's DCGM and nccl-tests, faked (fake_host_bin)
+            host.path(f"/usr/local/bin/{fake}").write_bytes((FAKE_HOST_BIN / fake).read_bytes())
+            host.path(f"/usr/local/bin/{fake}").chmod(0o755)
         host.path(f"{SA_SOURCE}/token").write_text(token)
         host.path(f"{SA_SOURCE}/ca.crt").write_bytes(api.ca.read_bytes())
         port = host.path(IB_PORT)
@@ -204,6 +222,15 @@ def wait_for(rig, predicate, what: str, timeout: float = 60) -> dict:
         time.sleep(1)
 
 
+def annotation(n: dict, key: str) -> dict | None:
+    text = (n["metadata"].get("annotations") or {}).get(key)
+    return json.loads(text) if text else None
+
+
+def host_calls(rig) -> list[str]:
+    return rig["host"].run(f"cat {HOST_LOG} 2>/dev/null || true").stdout.splitlines()
+
+
 def inject(rig, name: str, text: str | None) -> None:
     path = rig["host"].path(f"/etc/corral-fakes/{name}")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -239,6 +266,10 @@ def test_preflight_at_join_passes_and_the_agent_lifts_the_taint(rig):
     assert condition(n, "GPUPreflightPassed")["status"] == "True"
     assert taints(n) == {"nvidia.com/gpu": ("present", "NoSchedule")}
     assert any(e["reason"] == "GPUPreflightPassed" for e in rig["api"].events)
+    # Admitted only after its burn-in (the preflight's pass alone does not lift the taint).
+    burn = annotation(n, BURN_IN_ANNOTATION)
+    assert (burn["id"], burn["result"], burn["dcgm"], burn["busBwGBps"]) == (JOIN_BURN_IN_ID, "passed", "pass", 455.5)
+    assert host_calls(rig) == ["dcgmi diag -r 3 -j", "all_reduce_perf -b 1G -e 1G -g 8"]
 
 
 @pytest.mark.parametrize(("file", "text", "kind", "reason", "effect", "verdict"), [
@@ -355,3 +386,34 @@ def test_a_failing_preflight_at_boot_leaves_the_host_running_and_the_node_behind
         assert PREFLIGHT in taints(n)
     finally:
         inject(rig, "gpus", None)
+
+
+def test_the_agent_reboots_its_host_for_a_repair_and_burns_it_in_before_readmission(rig):
+    """The repair controller's side is written by hand here (cordon, then the request), as
+    corral/health/repair does after its drain; the agent does the rest on its own."""
+    host = rig["host"]
+    boot_before = host.run("cat /proc/sys/kernel/random/boot_id").stdout.strip()
+    reboots, calls = rig["supervisor"].reboots, len(host_calls(rig))
+    with locked_nodes(rig["state"]) as nodes:
+        nodes[0]["spec"]["unschedulable"] = True
+        nodes[0]["metadata"].setdefault("annotations", {})[REPAIR_ANNOTATION] = json.dumps(
+            {"id": "hostlab-reboot-1", "action": "reboot", "requested": "2026-11-26T09:00:00Z",
+             "reason": "Xid 79: GPU has fallen off the bus"})
+    started = time.monotonic()
+    n = wait_for(rig, lambda n: (annotation(n, REPAIR_STATUS_ANNOTATION) or {}).get("state") == "done",
+                 "the agent reports the reboot done", timeout=120)
+    status = annotation(n, REPAIR_STATUS_ANNOTATION)
+    assert status["id"] == "hostlab-reboot-1" and f"rebooted: boot {boot_before[:8]}" in status["detail"]
+    assert rig["supervisor"].reboots == reboots + 1          # rebooted once, by the agent
+    assert host.run("cat /proc/sys/kernel/random/boot_id").stdout.strip() != boot_before
+    n = wait_for(rig, lambda n: (annotation(n, BURN_IN_ANNOTATION) or {}).get("id") == "hostlab-reboot-1"
+                 and annotation(n, BURN_IN_ANNOTATION)["result"] == "passed", "the burn-in of the repair", timeout=120)
+    assert host_calls(rig)[calls:] == ["dcgmi diag -r 3 -j", "all_reduce_perf -b 1G -e 1G -g 8"]
+    assert BURN_IN_TAINT not in taints(n) and UNHEALTHY not in taints(n)
+    assert n["spec"]["unschedulable"] is True                # uncordoning is the controller's
+    assert any(e["reason"] == "GPURepairDone" for e in rig["api"].events)
+    # The agent restarts (a DaemonSet rollout): the request is not carried out again.
+    host.run("systemctl restart corral-gpu-health.service")
+    time.sleep(5)
+    assert rig["supervisor"].reboots == reboots + 1 and len(host_calls(rig)) == calls + 2
+    print(f"reboot repair to passed burn-in: {time.monotonic() - started:.1f} s")
