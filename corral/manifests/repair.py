@@ -14,9 +14,13 @@ Least privilege (what controller.py calls, nothing more):
   EventRecorder counts repeats) and create in its own namespace (the breaker's and racks' events);
 - its Lease (create: a Lease cannot be named in a create rule; get/update by name) and its two
   ConfigMaps, history and status (get/update by name; both rendered here, empty).
-The replicas run on the API servers: `replace` (cloud pools) acts with the cloud identity the API
-servers hold (the autoscaler's and the node approver's choice: policy.autoscaler_affinity), so no
-cloud credential is stored in the cluster.
+The replicas run off the GPU nodes (policy.off_gpu_affinity, as the monitoring stack), under Pod
+Security `restricted`, with no host network. Replacing a cloud instance from the cluster needs the
+API servers' cloud identity, which pods reach only on the host network of an API server (the node
+approver's choice, corral/manifests/node_approver.py): that takes this namespace into the placement
+policy's exempt namespaces and Pod Security `privileged`, a security decision this add-on does not
+make (docs/gpu-health.md, "Not done yet"). Until then `cloud` is None in its configuration and cloud
+nodes go from a failed reboot to RMA; controller.CloudReplacer is ready for it.
 """
 
 from __future__ import annotations
@@ -24,10 +28,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from corral.health import addon, cloud_api, repair_protocol
-from corral.model.schema import CloudPool, Cluster
+from corral.health import addon, repair_protocol
+from corral.model.schema import Cluster
 
-from . import node_approver, policy, repair_metrics
+from . import policy, repair_metrics
 
 NAME, NAMESPACE, METRICS_PORT = repair_metrics.NAME, repair_metrics.NAMESPACE, repair_metrics.METRICS_PORT
 wanted = repair_metrics.wanted
@@ -72,31 +76,18 @@ def config(cluster: Cluster) -> dict:
         "leader_election": {"lease_name": LEASE_NAME, "lease_duration_seconds": LEASE_DURATION_SECONDS,
                             "renew_deadline_seconds": RENEW_DEADLINE_SECONDS,
                             "retry_period_seconds": RETRY_PERIOD_SECONDS},
-        "pools": {pool.name: {"provider": pool.provider,
-                              # A cloud pool's groups, as the node approver asks the cloud about them.
-                              **({"groups": node_approver.cloud_groups(cluster, pool)}
-                                 if isinstance(pool, CloudPool) else {})}
-                  for pool in policy.gpu_pools(cluster)},
-        # The cloud whose API replaces an instance (the API servers' own); None: no cloud GPU pool.
-        "cloud": cluster.control_plane.cloud if replaces(cluster) else None,
+        "pools": {pool.name: {"provider": pool.provider} for pool in policy.gpu_pools(cluster)},
+        # The cloud whose API would replace an instance: None, not from this namespace (module docstring).
+        "cloud": None,
         "resync_seconds": RESYNC_SECONDS,
         "metrics_port": METRICS_PORT,
     }
 
 
-def replaces(cluster: Cluster) -> bool:
-    """Whether the controller replaces instances: a cloud GPU pool. It then needs the API servers'
-    cloud identity, which pods reach only on the host's network (corral/machine/metadata_block.py
-    drops pod addresses; the node approver's choice, corral/manifests/node_approver.py)."""
-    return any(isinstance(pool, CloudPool) for pool in policy.gpu_pools(cluster))
-
-
 def files(cluster: Cluster) -> dict[str, str]:
-    """The ConfigMap's files: the controller, its decisions, and the agent files it imports
-    (and the cloud client, where it replaces instances)."""
+    """The ConfigMap's files: the controller, its decisions, and the agent files it imports."""
     health = Path(addon.__file__).resolve().parent
-    cloud = {"cloud_api.py": Path(cloud_api.__file__).read_text()} if replaces(cluster) else {}
-    return {**cloud,
+    return {
         "controller.py": (HERE / "controller.py").read_text(),
         "decide.py": (HERE / "decide.py").read_text(),
         "agent.py": (health / "agent.py").read_text(),
@@ -159,10 +150,8 @@ def rbac() -> list[dict]:
     ]
 
 
-def deployment(config_hash: str, host_network: bool) -> dict:
+def deployment(config_hash: str) -> dict:
     pod_labels = {"app.kubernetes.io/name": NAME}
-    # The host's network only to replace cloud instances (replaces()); it listens on METRICS_PORT.
-    network = {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"} if host_network else {}
     return {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(NAME, NAMESPACE),
         "spec": {
@@ -173,16 +162,13 @@ def deployment(config_hash: str, host_network: bool) -> dict:
                 "spec": {
                     "serviceAccountName": NAME,
                     "priorityClassName": NAME,
-                    **network,
                     "affinity": {
-                        **policy.autoscaler_affinity(),
-                        # The two replicas on two API servers: one machine's loss is not the controller's.
+                        **policy.off_gpu_affinity(),
+                        # The two replicas on two machines: one machine's loss is not the controller's.
                         "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
                             "weight": 100, "podAffinityTerm": {"labelSelector": {"matchLabels": pod_labels},
                                                                "topologyKey": "kubernetes.io/hostname"}}]},
                     },
-                    "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists",
-                                     "effect": "NoSchedule"}],
                     "securityContext": {"runAsNonRoot": True, "runAsUser": 65534, "runAsGroup": 65534,
                                         "seccompProfile": {"type": "RuntimeDefault"}},
                     "containers": [{
@@ -210,13 +196,9 @@ def deployment(config_hash: str, host_network: bool) -> dict:
 def objects(cluster: Cluster, config_hash) -> list[dict]:
     """Every object of the add-on; `config_hash(files)` is render's hash of the ConfigMap's files."""
     code = files(cluster)
-    # Pod Security `restricted` where it can be: everywhere but where the controller replaces cloud
-    # instances, whose host network the Pod Security Standards allow only at `privileged` (baseline
-    # forbids host namespaces). The container stays as `restricted` asks either way.
-    host_network = replaces(cluster)
-    level = "privileged" if host_network else "restricted"
     namespace = {"apiVersion": "v1", "kind": "Namespace",
-                 "metadata": {"name": NAMESPACE, "labels": {**_labels(), **policy.pod_security_labels(cluster, level)}}}
+                 "metadata": {"name": NAMESPACE, "labels": {**_labels(),
+                                                            **policy.pod_security_labels(cluster, "restricted")}}}
     priority = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": _meta(NAME),
                 "value": PRIORITY, "globalDefault": False,
                 "description": "corral's GPU repair controller: above workloads, below the system's own."}
@@ -225,4 +207,4 @@ def objects(cluster: Cluster, config_hash) -> list[dict]:
               for name in (repair_protocol.HISTORY_CONFIGMAP, STATUS_CONFIGMAP)]
     return [namespace, priority, *rbac(),
             {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(NAME, NAMESPACE), "data": code},
-            *stores, metrics_service(), deployment(config_hash(code), host_network)]
+            *stores, metrics_service(), deployment(config_hash(code))]

@@ -10,6 +10,9 @@ from __future__ import annotations
 import contextlib
 import json
 
+from corral.manifests import node_approver
+from tests.health.conftest import cluster
+
 from .conftest import XID48, XID79, make_node, sim_config
 
 POOL = "gpu-h100-sf1"
@@ -364,7 +367,10 @@ def run_cloud_sim(sim, cloud_api, cloud, metadata, name: str, provider_id: str, 
         s.add_node(make_node(f"ip-10-20-4-{i}.us-west-2.compute.internal", "gpu-a10g",
                              provider_id=f"aws:///us-west-2a/i-1{i:03d}"))
     session = cloud_api.CloudSession("aws", metadata_url=metadata.url, **cloud.session_args())
-    s.add_controller("only", replace=s.module.CloudReplacer(cloud_api, session, s.config["pools"]))
+    # The pool's groups as the node approver asks the cloud about them (its cloud_groups).
+    heron = cluster("heron")
+    pools = {pool.name: {"groups": node_approver.cloud_groups(heron, pool)} for pool in heron.node_pools if pool.gpu}
+    s.add_controller("only", replace=s.module.CloudReplacer(cloud_api, session, pools))
     s.at(5, lambda: s.FAKE_agent_taint(name, XID79))
     s.at(70, lambda: s.FAKE_agent_report(name, "failed"))
     s.run_until(until)
