@@ -21,7 +21,7 @@ POOL_UNHEALTHY_RATIO = 0.1
 
 _FAULTS = "|".join(FAULT_CONDITIONS)
 # The repair controller's own metrics (corral/health/repair/controller.py, Metrics; scraped by the
-# global Prometheus, corral/manifests/repair.py scrape_job). Only the leader sets them: max() over
+# global Prometheus, corral/manifests/repair_metrics.py). Only the leader sets them: max() over
 # the replicas.
 RESUME_HOW = ("kubectl -n corral-repair annotate configmap corral-repair-status corral.dev/resume-repair=now "
               "(docs/gpu-health.md, Automatic repair)")
