@@ -415,7 +415,10 @@ def test_moving_a_pool_between_teams_changes_only_the_two_teams_namespaces(tmp_p
     assert changed(before, after) == {"Namespace/robotics", "Namespace/vision",
                                       # corral-node-approver relabels the pool's nodes for their new team.
                                       "ConfigMap/kube-system/corral-node-approver",
-                                      "Deployment/kube-system/corral-node-approver"}
+                                      "Deployment/kube-system/corral-node-approver",
+                                      # The pool's GPUs move to the new team's Kueue quota and flavor.
+                                      "ClusterQueue/team-robotics", "ClusterQueue/team-vision",
+                                      "ResourceFlavor/h100-robotics", "ResourceFlavor/h100-vision"}
     pool = after.pool("gpu-h100-robotics")
     assert Taint(key=TEAM_TAINT_KEY, value="vision", effect="NoSchedule") in after.node_taints(pool)
     assert Taint(key=TEAM_TAINT_KEY, value="robotics", effect="NoSchedule") not in after.node_taints(pool)
@@ -480,7 +483,7 @@ def test_cli_writes_one_file_per_addon_and_removes_stale_ones(tmp_path):
     result = CliRunner().invoke(cli(), ["manifests", "jaguar", "--clusters", str(fleet), "--out", str(out)])
     assert result.exit_code == 0, result.output
     written = sorted(p.name for p in out.iterdir())
-    assert written == ["flannel.yaml", "flow-control.yaml", "gpu-health.yaml", "kubelet-csr-approver.yaml", "monitoring.yaml", "network-policy.yaml",
+    assert written == ["flannel.yaml", "flow-control.yaml", "gpu-health.yaml", "kubelet-csr-approver.yaml", "kueue.yaml", "monitoring.yaml", "network-policy.yaml",
                        "node-approver.yaml", "notes.txt", "nvidia-device-plugin.yaml", "pod-security.yaml",
                        "rdma-shared-device-plugin.yaml", "scheduling.yaml", "teams.yaml"]
     assert "removed" in result.stdout
