@@ -48,6 +48,11 @@ RESYNC_SECONDS = 3600
 # fabric) reach the agents seconds apart, and the rack rule and the circuit breaker must see them all
 # before a repair starts. The taint already keeps work off the node meanwhile.
 SETTLE_SECONDS = 30
+# A reset or reboot the node's agent reports nothing about for this long (it reports `failed` itself
+# when the boot does not come, if it lives; a host that stays down cannot): escalated as failed. A
+# GPU server's reboot, POST and driver load take minutes; half an hour is well past them.
+AGENT_REPORT_SECONDS = 30 * 60
+BURN_IN_MARGIN_SECONDS = 10 * 60
 # Below system-cluster-critical (2,000,000,000): the controller matters, but not more than DNS or
 # the API servers' own pods; above every workload, so a full cluster does not keep it pending.
 PRIORITY = 1_000_000
@@ -67,6 +72,10 @@ def config(cluster: Cluster) -> dict:
         "max_unavailable_percent": repair.max_unavailable_percent,
         "max_repairs_per_hour": repair.max_repairs_per_hour,
         "drain_timeout_seconds": repair.drain_timeout_minutes * 60,
+        # The node's agent says done or failed within this, or the host is taken for down (escalated).
+        "agent_report_seconds": AGENT_REPORT_SECONDS,
+        # And the burn-in's result within this after done: its two tools' time limits, and a margin.
+        "burn_in_seconds": 2 * cluster.health.burn_in.timeout_minutes * 60 + BURN_IN_MARGIN_SECONDS,
         "settle_seconds": SETTLE_SECONDS,
         "breaker": {"faulty_percent": repair.circuit_breaker.faulty_percent,
                     "window_minutes": repair.circuit_breaker.window_minutes,

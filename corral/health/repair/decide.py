@@ -233,18 +233,34 @@ def first_action(node: NodeView, history: list, config: dict, now: float) -> tup
     return protocol.REBOOT, "the fault needs more than a GPU reset"
 
 
-def repair_failed(node: NodeView) -> str | None:
-    """Why the node's current repair failed (the agent's status or its burn-in), or None."""
+def repair_failed(node: NodeView, now: float, config: dict) -> str | None:
+    """Why the node's current repair failed, or None: the agent's status or its burn-in said so,
+    or the agent said nothing in time (a host that never came back from its reboot has no agent to
+    report `failed`: config's agent_report_seconds after the request, burn_in_seconds after done)."""
     repair = node.repair or {}
-    rid = repair.get("id")
-    if not rid or repair.get("action") == protocol.RMA:
+    rid, action = repair.get("id"), repair.get("action")
+    if not rid or action == protocol.RMA:
         return None
     status = node.repair_status or {}
-    if status.get("id") == rid and status.get("state") == "failed":
-        return f"{repair.get('action')} failed: {status.get('detail', '')}"[:300]
+    status = status if status.get("id") == rid else {}
+    if status.get("state") == "failed":
+        return f"{action} failed: {status.get('detail', '')}"[:300]
     burn_in = node.burn_in or {}
-    if burn_in.get("id") == rid and burn_in.get("result") == "failed":
-        return f"burn-in after {repair.get('action')} failed: {burn_in.get('detail') or burn_in.get('dcgm', '')}"[:300]
+    burn_in = burn_in if burn_in.get("id") == rid else {}
+    if burn_in.get("result") == "failed":
+        return f"burn-in after {action} failed: {burn_in.get('detail') or burn_in.get('dcgm', '')}"[:300]
+    if action not in (protocol.RESET, protocol.REBOOT):
+        return None     # replace: the controller itself wrote its status
+    requested = parse_time(repair.get("requested"))
+    if status.get("state") != "done":
+        limit = config.get("agent_report_seconds")
+        if requested is not None and limit and now - requested > limit:
+            return f"no outcome of the {action} from the node's agent within {limit // 60} min: the host may be down"
+        return None
+    done_at = parse_time(status.get("at")) or requested
+    limit = config.get("burn_in_seconds")
+    if burn_in.get("result") not in ("passed", "failed") and done_at is not None and limit and now - done_at > limit:
+        return f"no burn-in result within {limit // 60} min of the {action}"
     return None
 
 
@@ -362,7 +378,7 @@ def plan(nodes: list[NodeView], history: dict, status: dict, config: dict, now: 
                 result.drain.append(name)
             continue
         if n.repair is not None:
-            why = repair_failed(n)
+            why = repair_failed(n, now, config)
             if why and not stopped:
                 tried = list((n.episode or {}).get("tried") or [n.repair.get("action")])
                 result.escalate.append((name, escalate(tried, n.provider, can_replace), why))

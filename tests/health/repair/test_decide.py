@@ -259,3 +259,25 @@ def test_a_fresh_fault_settles_before_its_repair_starts(shipped):
     assert not fresh.cordon and "settling" in fresh.held["n0"]
     settled = plan(shipped.decide, [node("n0", unhealthy_at=NOW - CONFIG["settle_seconds"]), node("n1")])
     assert [name for name, _ in settled.cordon] == ["n0"]
+
+
+def test_a_repair_the_agent_never_reports_on_is_escalated(shipped):
+    """A host that never comes back from its reboot has no agent left to say `failed`."""
+    decide = shipped.decide
+    limit, burn = CONFIG["agent_report_seconds"], CONFIG["burn_in_seconds"]
+
+    def repairing(requested_ago, **kw):
+        return node("n0", unhealthy_at=NOW - requested_ago - 60, cordoned_by="corral-repair",
+                    repair={"id": "r1", "action": "reboot", "requested": stamp_at(NOW - requested_ago)},
+                    episode={"started": stamp_at(NOW - requested_ago - 60), "drain": "done", "tried": ["reboot"]},
+                    **kw)
+
+    assert not plan(decide, [repairing(limit - 60), node("n1")]).escalate
+    [(name, action, why)] = plan(decide, [repairing(limit + 60), node("n1")]).escalate
+    assert (name, action) == ("n0", "rma") and "host may be down" in why
+    # Done, then the burn-in never reports: escalated once its time is up, not before.
+    done = {"id": "r1", "state": "done", "at": stamp_at(NOW - burn + 60)}
+    assert not plan(decide, [repairing(burn, repair_status=done), node("n1")]).escalate
+    late = {"id": "r1", "state": "done", "at": stamp_at(NOW - burn - 60)}
+    [(_, _, why)] = plan(decide, [repairing(burn + 120, repair_status=late), node("n1")]).escalate
+    assert "no burn-in result" in why
