@@ -35,32 +35,45 @@ KNOWN_FAULTS = {
 
 MISSING = missing_pieces()
 needs_loop = pytest.mark.xfail(bool(MISSING), reason="missing: " + "; ".join(MISSING), strict=True)
-results: dict[str, object] = {}
 
 
-@pytest.fixture(scope="module")
-def ran(tmp_path_factory):
-    def get(name: str):
-        if name not in results:
-            results[name] = run_case(C.BY_NAME[name], tmp_path_factory.mktemp(name), burn_in=UNIT_TIER_BURN_IN,
-                                     replicas=UNIT_TIER_REPLICAS)
-        return results[name]
-    return get
+def budget_repairs_in_turn(result) -> None:
+    # 20 nodes, maxUnavailablePercent 10: two out at once; the four faulty nodes all come back, the
+    # last two after the first two.
+    assert result.cordoned_max == 2
+    assert all(r.readmitted for r in result.rows)
+    by_wait = sorted(result.rows, key=lambda r: r.wait)
+    first, later = by_wait[:2], by_wait[2:]
+    # Cordoned only once one of the first two was back (their faults came within 15 s of each other).
+    back = min(r.total for r in first)
+    assert all(r.detect + r.wait >= back - 15 for r in later), [(r.node, r.wait, r.total) for r in result.rows]
+
+
+def breaker_says_why(result) -> None:
+    [event] = [e for e in result.events if e.get("reason") == "RepairCircuitBreakerOpen"]
+    # It trips at the threshold: the third node of ten (more than faultyPercent 20, and minNodes 3).
+    assert "3 of 10 nodes of pool gpu-h100-sf1" in event["message"]
+
+
+# What some cases show beyond their end state (each case runs once, in one test: the unit tier runs
+# its tests in parallel, and a second test reading the same case would run it again).
+MORE = {"budget": budget_repairs_in_turn, "spike-60-percent": breaker_says_why}
 
 
 @needs_loop
 @pytest.mark.parametrize("name", [
     pytest.param(c.name, marks=pytest.mark.xfail(reason=KNOWN_FAULTS[c.name], strict=True))
     if c.name in KNOWN_FAULTS else c.name for c in C.CASES])
-def test_each_case_ends_in_its_expected_state(ran, name):
-    result = ran(name)
-    assert problems(result) == [], f"{name} ({result.case.what})"
-
-
-@needs_loop
-def test_no_false_readmission_in_the_whole_suite(ran):
-    total = sum(ran(c.name).false_readmissions for c in C.CASES)
-    assert total == 0
+def test_each_case_ends_in_its_expected_state(tmp_path, name):
+    case = C.BY_NAME[name]
+    result = run_case(case, tmp_path, burn_in=UNIT_TIER_BURN_IN, replicas=UNIT_TIER_REPLICAS)
+    # Its end state, and zero false readmissions (problems() names any node back in service while broken).
+    assert problems(result) == [], f"{name} ({case.what})"
+    # Detection: every faulted node tainted within the issue's 10 s (so the p95 is too).
+    if case.expect != C.UNTOUCHED:
+        assert all(r.detect is not None and r.detect <= DETECTION_TARGET_SECONDS for r in result.rows), \
+            [(r.node, r.detect) for r in result.rows]
+    MORE.get(name, lambda result: None)(result)
 
 
 def test_the_suite_has_the_cases_the_issue_names():
@@ -74,30 +87,8 @@ def test_the_suite_has_the_cases_the_issue_names():
     assert len(C.CASES) >= 15
 
 
-def test_p95_detection_to_taint_is_within_ten_seconds(ran):
-    # Detection is the agent's alone (it ran before issue 27's repair pieces): measured in every case.
-    detections = [r.detect for c in C.CASES if c.expect != C.UNTOUCHED for r in ran(c.name).rows
-                  if r.detect is not None]
-    undetected = [(c.name, r.node) for c in C.CASES if c.expect != C.UNTOUCHED for r in ran(c.name).rows
-                  if r.detect is None]
-    assert not undetected
-    assert percentile(detections, 95) <= DETECTION_TARGET_SECONDS
-
-
-@needs_loop
-def test_budget_repairs_in_turn_never_more_than_allowed_out(ran):
-    result = ran("budget")
-    # 20 nodes, maxUnavailablePercent 10: two out at once; four faulty nodes all come back.
-    assert result.cordoned_max == 2
-    assert all(r.readmitted for r in result.rows)
-    starts = sorted(r.total for r in result.rows)
-    assert starts[-1] > starts[0], "repaired in turn, not all at once"
-
-
-@needs_loop
-def test_the_circuit_breaker_stops_every_repair_and_says_why(ran):
-    result = ran("spike-60-percent")
-    assert result.repairs_requested == 0
-    [event] = [e for e in result.events if e.get("reason") == "RepairCircuitBreakerOpen"]
-    # It trips at the threshold: the third node of ten (more than faultyPercent 20, and minNodes 3).
-    assert "3 of 10 nodes of pool gpu-h100-sf1" in event["message"]
+def test_percentile_is_the_nearest_rank():
+    # The benchmark's p95: the smallest value with at least 95% of the values at or below it.
+    assert percentile([float(v) for v in range(1, 21)], 95) == 19.0
+    assert percentile([5.0, None, 1.0], 50) == 1.0
+    assert percentile([], 95) is None
