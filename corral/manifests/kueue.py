@@ -234,3 +234,32 @@ def objects(cluster: Cluster) -> list[dict]:
 def image() -> str:
     """The controller image of the pinned release (what its manifests.yaml runs)."""
     return versions.KUEUE
+
+
+# --- monitoring ----------------------------------------------------------------------
+
+# The release's metrics Service: namePrefix kueue- + controller-manager-metrics-service,
+# port 8443 named https (config/default/metrics_service.yaml at v0.12.10).
+METRICS_SERVICE = "kueue-controller-manager-metrics-service"
+METRICS_PORT = 8443
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def scrape_jobs(cluster: Cluster) -> list[dict]:
+    """The global Prometheus' job for Kueue's /metrics (queue lengths, admitted and pending
+    workloads, quota use per ClusterQueue and flavor), by the Service's name: one target, no
+    Kubernetes watch. The manager serves it over HTTPS behind TokenReview and
+    SubjectAccessReview (cmd/kueue/main.go: SecureServing, filters.WithAuthenticationAndAuthorization):
+    Prometheus sends its service account token, whose ClusterRole corral-prometheus already
+    allows `get /metrics`. The certificate is the manager's self-signed one (the release's own
+    ServiceMonitor sets insecureSkipVerify, config/components/prometheus/monitor.yaml), so the
+    server is not verified; the token goes only to the in-cluster Service."""
+    if not cluster.scheduling.kueue.enabled:
+        return []
+    return [{
+        "job_name": "kueue",
+        "scheme": "https",
+        "authorization": {"credentials_file": f"{SERVICE_ACCOUNT_DIR}/token"},
+        "tls_config": {"insecure_skip_verify": True},
+        "static_configs": [{"targets": [f"{METRICS_SERVICE}.{NAMESPACE}.svc:{METRICS_PORT}"]}],
+    }]

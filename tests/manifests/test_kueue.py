@@ -216,3 +216,17 @@ def test_rendered_queues_of_any_quota_validate(fleet):
                "spec": {"cohort": "corral", "resourceGroups": [{"coveredResources": [kueue.GPU_RESOURCE],
                         "flavors": [kueue._flavor_resources(f) for f in queue.flavors]}]}}
         assert validate_kueue_object(obj) == []
+
+
+def test_the_global_prometheus_scrapes_kueue_only_where_it_runs():
+    from corral.manifests import monitoring
+
+    def kueue_jobs(name: str) -> list[dict]:
+        cluster = FLEET.clusters[name]
+        config = YAML(typ="safe", pure=True).load(monitoring.global_config(cluster, monitoring.shard_count(cluster)))
+        return [job for job in config["scrape_configs"] if job["job_name"] == "kueue"]
+
+    (job,) = kueue_jobs("jaguar")
+    assert job["static_configs"] == [{"targets": ["kueue-controller-manager-metrics-service.kueue-system.svc:8443"]}]
+    assert job["scheme"] == "https" and job["authorization"]["credentials_file"].endswith("/token")
+    assert kueue_jobs("ibis") == []
