@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from corral.model.render import dump_yaml
 from corral.model.schema import LABEL_DOMAIN, TEAM_TAINT_KEY, Cluster
 
-from . import repair_metrics
+from . import kueue, repair_metrics
 from .policy import (
     CONTROL_PLANE_LABEL,
     GPU_PRESENT_LABEL,
@@ -546,6 +546,7 @@ def global_config(cluster: Cluster, shards: int) -> str:
         },
         etcd_members_job(cluster),
         *repair_metrics.scrape_jobs(cluster),
+        *kueue.scrape_jobs(cluster),
     ]
     return _config(cluster, GLOBAL_NAME, "corral-rules.yml", jobs)
 
