@@ -125,7 +125,9 @@ def test_7500_nodes_make_eight_shards_each_keeping_its_hash(tmp_path):
     # Per-node targets only on the shards; cluster-wide ones only on the global server.
     global_jobs = {j["job_name"] for j in files["prometheus.yml"]["scrape_configs"]}
     # corral-repair: the GPU repair controller's metrics (corral/manifests/repair.py scrape_jobs).
-    assert global_jobs == {"kube-state-metrics", "apiserver", "federate-shards", "etcd-members", "corral-repair"}
+    # kueue: Kueue's manager (scheduling.kueue, corral/manifests/kueue.py scrape_jobs).
+    assert global_jobs == {"kube-state-metrics", "apiserver", "federate-shards", "etcd-members", "corral-repair",
+                           "kueue"}
     federate = next(j for j in files["prometheus.yml"]["scrape_configs"] if j["job_name"] == "federate-shards")
     assert federate["static_configs"][0]["targets"] == [
         f"prometheus-shard-{i}.{NS}.svc:9090" for i in range(8)]
