@@ -40,7 +40,7 @@ from corral.infra.platform import ClusterContext
 from corral.machine.etcd_snapshot import snapshot_location
 
 from .common import location, subscription_of, tags
-from .secrets import role_definition_id
+from .secrets import custom_role, role_definition_id
 
 # Built-in role "Storage Blob Data Reader": read containers and blobs, nothing else.
 BLOB_DATA_READER_ROLE = "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1"
@@ -128,15 +128,9 @@ class SnapshotBucket(pulumi.ComponentResource):
             policy=management_policy(self.location.bucket, retention), opts=child,
         )
         role_name = rn("etcd-snapshot-writer")
-        self.write_role = azure.authorization.RoleDefinition(
-            role_name,
-            role_definition_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"corral/{role_name}")),
-            role_name=role_name,
-            description=f"Create blobs in {self.location.store}/{self.location.bucket}; no read, list or delete",
-            scope=self.container.id,
-            assignable_scopes=[self.container.id],
-            permissions=[{"actions": [], "data_actions": WRITE_DATA_ACTIONS}],
-            opts=child,
+        self.write_role = custom_role(
+            role_name, f"Create blobs in {self.location.store}/{self.location.bucket}; no read, list or delete",
+            self.container.id, data_actions=WRITE_DATA_ACTIONS, opts=child,
         )
         self.restore_role = restore_principal_id()
         self.read_grant = None

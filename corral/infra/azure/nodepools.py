@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import pulumi
 import pulumi_azure_native as azure
 
+from corral.health import cloud_api
 from corral.infra.platform import ClusterContext
 from corral.manifests.policy import autoscaler_node_groups
 from corral.model.schema import CloudPool
@@ -24,12 +25,41 @@ from .common import (
     pick,
     tags,
 )
-from .secrets import role_definition_id
+from .secrets import custom_role
 
-# Built-in role "Virtual Machine Contributor", assigned on each scale set
-# (never on the resource group, which holds etcd's VMs and disks): what
-# cluster-autoscaler does to a pool, resize it and delete chosen instances.
-VM_CONTRIBUTOR_ROLE = "9980e02c-c2be-4d73-94e8-173b1dc7cf3c"
+# What the API servers' identity may do to a pool's scale set: a custom role holding only the
+# operations its users call, assigned on each scale set (never on the resource group, which
+# holds etcd's VMs and disks). The built-in Virtual Machine Contributor it replaces also
+# allowed, on the set, run commands and extensions on its VMs (root on every node), reimage,
+# redeploy, power actions and deleting the whole set. Action names from "Azure permissions for
+# Compute" (learn.microsoft.com/azure/role-based-access-control/permissions/compute;
+# MicrosoftDocs/azure-docs, role-based-access-control resource provider operations).
+#
+# cluster-autoscaler's Azure provider (kubernetes/autoscaler cluster-autoscaler-1.31,
+# cloudprovider/azure; its README asks for Contributor and lists no narrower set, so these
+# are the calls the code makes for `vmType: vmss`):
+AUTOSCALER_ACTIONS = (
+    # VirtualMachineScaleSets Get and List (azure_scale_set.go getVMSSFromCache, azure_cache.go
+    # fetchScaleSets): "Get the properties of a Virtual Machine Scale Set".
+    "Microsoft.Compute/virtualMachineScaleSets/read",
+    # VirtualMachineScaleSetVMs List (azure_scale_set.go GetScaleSetVms): "Retrieves the
+    # properties of a Virtual Machine in a VM Scale Set".
+    "Microsoft.Compute/virtualMachineScaleSets/virtualMachines/read",
+    # VirtualMachineScaleSets CreateOrUpdate with only name, sku and location, the new capacity
+    # (azure_scale_set.go createOrUpdateInstances): "Creates a new Virtual Machine Scale Set or
+    # updates an existing one". Azure has no narrower action for the capacity alone (scale/action
+    # only "verif[ies] if [it] can Scale In/Scale Out"), so this one still lets the identity
+    # change the set's model: see docs/security.md.
+    "Microsoft.Compute/virtualMachineScaleSets/write",
+    # VirtualMachineScaleSets DeleteInstances (azure_force_delete_scale_set.go, scale down):
+    # "Deletes the instances of the Virtual Machine Scale Set".
+    "Microsoft.Compute/virtualMachineScaleSets/delete/action",
+)
+# The node approver's instance check and the repair controller's replace
+# (corral/health/cloud_api.py READ_PERMISSIONS, REPLACE_PERMISSIONS): both already among the
+# autoscaler's (tests/infra/test_azure_role.py checks it).
+SCALE_SET_ACTIONS = tuple(sorted({*AUTOSCALER_ACTIONS, *cloud_api.READ_PERMISSIONS["azure"],
+                                  *cloud_api.REPLACE_PERMISSIONS["azure"]}))
 # A Uniform scale set outside a single placement group holds at most 1,000 VMs.
 VMSS_MAX_INSTANCES = 1_000
 # Linux scale sets: `computerNamePrefix` is at most 58 characters.
@@ -142,15 +172,16 @@ class NodePools(pulumi.ComponentResource):
     Each pool has one user-assigned identity, which all its zonal scale sets
     carry (`identities`: pool name -> principal id, as on the other clouds);
     it may read only the pool's secret.
-    `allow_resize(identities)` gives the autoscaler's identities Virtual
-    Machine Contributor on each scale set and nowhere else.
+    `allow_resize(identities)` gives the API servers' identities (the
+    autoscaler, the node approver, the repair controller) the custom role
+    `scale_set_role` (SCALE_SET_ACTIONS) on each scale set and nowhere else.
 
     Attributes: scale_sets / autoscale_settings: scale set name -> resource,
     pool_scale_sets: pool name -> {zone: scale set},
     node_groups: pool name -> [{provider, name, region, zones ([its zone]),
     subscription, resourceGroup}] per scale set (the stack output nodeGroups),
     autoscaler_discovery (the `--node-group-auto-discovery` value),
-    identities, resize_grants.
+    identities, resize_grants, scale_set_role (None until allow_resize).
     """
 
     def __init__(
@@ -168,6 +199,7 @@ class NodePools(pulumi.ComponentResource):
         self.autoscaler_discovery = autoscaler_discovery(cluster.name)
         self.identities: dict[str, pulumi.Output[str]] = {}
         self.resize_grants: list[azure.authorization.RoleAssignment] = []
+        self.scale_set_role: azure.authorization.RoleDefinition | None = None
         self._ctx, self._network = ctx, network
 
         self.pool_scale_sets: dict[str, dict[str, azure.compute.VirtualMachineScaleSet]] = {}
@@ -323,20 +355,31 @@ class NodePools(pulumi.ComponentResource):
         })
 
     def allow_resize(self, identities: Mapping[str, pulumi.Input[str]]) -> None:
-        """Let `identities` (the API servers', where cluster-autoscaler runs) resize
-        the scale sets: Virtual Machine Contributor on each scale set, nothing wider."""
+        """Let `identities` (the API servers': cluster-autoscaler, the node approver and the
+        repair controller run there) drive the scale sets: the custom role holding
+        SCALE_SET_ACTIONS, assigned on each scale set, nothing wider."""
+        if not self.scale_sets:
+            return
         rn = self._ctx.resource_name
+        role_name = rn("scale-set-operator")
+        # Defined in the cluster's resource group and assignable only there (AssignableScopes:
+        # "Understand role definitions"); assigned below on each scale set, a scope inside it.
+        self.scale_set_role = custom_role(
+            role_name, f"Size {self._ctx.cluster.name}'s node pool scale sets, list their VMs and delete chosen ones",
+            self._network.resource_group_id, actions=SCALE_SET_ACTIONS, opts=pulumi.ResourceOptions(parent=self),
+        )
         for set_name, vmss in self.scale_sets.items():
             for reader, principal in identities.items():
                 prefix = self._ctx.cluster.name + "-"
                 name = rn("resize", set_name.removeprefix(prefix), "by", reader.removeprefix(prefix))
                 self.resize_grants.append(azure.authorization.RoleAssignment(
                     name,
-                    role_assignment_name=str(uuid.uuid5(uuid.NAMESPACE_URL, f"corral/{name}/{VM_CONTRIBUTOR_ROLE}")),
+                    # A new name for the new role: an assignment's role cannot change in place.
+                    role_assignment_name=str(uuid.uuid5(uuid.NAMESPACE_URL, f"corral/{name}/{role_name}")),
                     principal_id=principal,
                     principal_type="ServicePrincipal",
-                    role_definition_id=role_definition_id(self._network.subscription_path, VM_CONTRIBUTOR_ROLE),
+                    role_definition_id=self.scale_set_role.id,
                     scope=vmss.id,
-                    description=f"cluster-autoscaler on {reader} sizes scale set {set_name}",
+                    description=f"cluster-autoscaler, node approver and repair on {reader} drive scale set {set_name}",
                     opts=pulumi.ResourceOptions(parent=self),
                 ))

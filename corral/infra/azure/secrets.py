@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Sequence
 
 import pulumi
 import pulumi_azure_native as azure
@@ -46,6 +47,23 @@ def vault_name(ctx: ClusterContext) -> str:
 
 def role_definition_id(subscription_path: pulumi.Input[str], role: str) -> pulumi.Output[str]:
     return pulumi.Output.concat(subscription_path, "/providers/Microsoft.Authorization/roleDefinitions/", role)
+
+
+def custom_role(role_name: str, description: str, scope: pulumi.Input[str], *, actions: Sequence[str] = (),
+                data_actions: Sequence[str] = (), opts: pulumi.ResourceOptions | None = None,
+                ) -> azure.authorization.RoleDefinition:
+    """A custom role defined at `scope` and assignable only there (and inside it). Its id is
+    derived from its name, so every run of the program names the same role."""
+    return azure.authorization.RoleDefinition(
+        role_name,
+        role_definition_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"corral/{role_name}")),
+        role_name=role_name,
+        description=description,
+        scope=scope,
+        assignable_scopes=[scope],
+        permissions=[{"actions": list(actions), "data_actions": list(data_actions)}],
+        opts=opts,
+    )
 
 
 class SecretStore(pulumi.ComponentResource):
