@@ -530,16 +530,17 @@ def test_api_servers_behind_internal_standard_lb(jaguar: Plan):
 
 
 SUBSCRIPTION = "/subscriptions/00000000-0000-0000-0000-000000000000"
-VM_CONTRIBUTOR = f"{SUBSCRIPTION}/providers/Microsoft.Authorization/roleDefinitions/9980e02c-c2be-4d73-94e8-173b1dc7cf3c"
+# The custom role the API servers drive the scale sets with (tests/infra/test_azure_role.py).
+SCALE_SET_OPERATOR = "/mock/azure-native:authorization:RoleDefinition/jaguar-scale-set-operator"
 SECRETS_USER = f"{SUBSCRIPTION}/providers/Microsoft.Authorization/roleDefinitions/4633458b-17de-408a-b874-0445c86b69e6"
 
 
 def test_api_servers_may_drive_the_scale_sets_and_nothing_else(jaguar: Plan):
     """cluster-autoscaler runs on the control plane with the VM's managed identity:
-    Virtual Machine Contributor on each scale set, never on the resource group
+    the scale-set operator role on each scale set, never on the resource group
     that holds etcd's VMs and disks."""
     roles = jaguar.of("authorization:RoleAssignment")
-    resize = [r for r in roles if r.inputs["roleDefinitionId"] == VM_CONTRIBUTOR]
+    resize = [r for r in roles if r.inputs["roleDefinitionId"] == SCALE_SET_OPERATOR]
     scale_sets = jaguar.of("compute:VirtualMachineScaleSet")
     api = jaguar.ctx.layout.api_servers
     assert len(resize) == len(scale_sets) * len(api)
@@ -554,7 +555,7 @@ def test_api_servers_may_drive_the_scale_sets_and_nothing_else(jaguar: Plan):
     # Only these roles exist (and the etcd members' snapshot writer role, on the snapshot
     # container), and none is assigned on a resource group or wider.
     snapshot_writer = "/mock/azure-native:authorization:RoleDefinition/jaguar-etcd-snapshot-writer"
-    assert {r.inputs["roleDefinitionId"] for r in roles} == {VM_CONTRIBUTOR, SECRETS_USER, snapshot_writer}
+    assert {r.inputs["roleDefinitionId"] for r in roles} == {SCALE_SET_OPERATOR, SECRETS_USER, snapshot_writer}
     writers = [r for r in roles if r.inputs["roleDefinitionId"] == snapshot_writer]
     assert {r.inputs["principalId"] for r in writers} == {f"principal-{m.name}" for m in jaguar.ctx.layout.etcd_members}
     assert {r.inputs["scope"] for r in writers} == {"/mock/azure-native:storage:BlobContainer/jaguar-etcd-snapshots-container"}
