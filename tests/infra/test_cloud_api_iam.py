@@ -13,7 +13,7 @@ from corral.health import cloud_api
 
 from .iam_policy import Request, effects
 from .test_aws import heron  # noqa: F401  (the module-scoped plan fixtures)
-from .test_azure import VM_CONTRIBUTOR, jaguar  # noqa: F401
+from .test_azure import SCALE_SET_OPERATOR, jaguar  # noqa: F401
 from .test_gcp import ibis  # noqa: F401
 
 ROLE = "arn:aws:iam::123456789012:role/heron-apiserver"
@@ -56,10 +56,9 @@ def test_gcp_api_servers_read_the_migs_and_recreate_only_this_clusters(ibis):  #
 
 
 def test_azure_api_servers_drive_only_the_scale_sets(jaguar):  # noqa: F811
-    """Virtual Machine Contributor (which holds Microsoft.Compute/virtualMachineScaleSets/*:
-    the VMs' list and the set's delete/action, Azure built-in roles for Compute) on each
-    scale set, and on nothing wider."""
-    grants = [r for r in jaguar.of("authorization:RoleAssignment") if r.inputs["roleDefinitionId"] == VM_CONTRIBUTOR]
+    """The scale-set operator role (its actions hold the VMs' list and the set's delete/action:
+    tests/infra/test_azure_role.py) on each scale set, and on nothing wider."""
+    grants = [r for r in jaguar.of("authorization:RoleAssignment") if r.inputs["roleDefinitionId"] == SCALE_SET_OPERATOR]
     assert grants
     assert {r.inputs["scope"].rsplit("/", 1)[0] for r in grants} == {
         "/mock/azure-native:compute:VirtualMachineScaleSet"}
