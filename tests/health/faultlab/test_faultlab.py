@@ -17,7 +17,8 @@ import pytest
 
 from . import cases as C
 from .controller import missing_pieces
-from .runner import percentile, problems, run_case
+from .lab import FaultLab
+from .runner import CaseResult, percentile, problems, row, run_case
 
 DETECTION_TARGET_SECONDS = 10.0      # issue 27's "p95 detection-to-taint <= 10 s"
 UNIT_TIER_BURN_IN = {"dcgm_level": 1}
@@ -92,3 +93,24 @@ def test_percentile_is_the_nearest_rank():
     assert percentile([float(v) for v in range(1, 21)], 95) == 19.0
     assert percentile([5.0, None, 1.0], 50) == 1.0
     assert percentile([], 95) is None
+
+
+def test_the_lab_counts_a_broken_node_back_in_service_as_a_false_readmission(tmp_path):
+    # The lab's own detector, against a wrong readmission made by hand (what a faulty controller would
+    # write: the taint gone, the node schedulable), so "zero false readmissions" can mean something.
+    lab = FaultLab(tmp_path, nodes=2, tls=False, jobs=False)
+    try:
+        lab.start()
+        lab.inject_at(30.0, "gpu-001", "xid79", broken=True)
+        lab.run_until(40.0)
+        assert lab.timelines["gpu-001"].tainted is not None
+        node = lab.node("gpu-001")
+        node["spec"]["taints"] = [t for t in node["spec"]["taints"] if not t["key"].startswith("corral.dev/")]
+        lab.cluster.put("nodes", node)
+        lab.run_until(60.0)
+        assert lab.timelines["gpu-001"].false_readmissions == [40.0]
+        assert problems(CaseResult(case=C.BY_NAME["xid79"], rows=[row("gpu-001", lab.timelines["gpu-001"])],
+                                   events=[], cordoned_max=0, repairs_requested=0))[0].startswith(
+            "gpu-001: FALSE READMISSION")
+    finally:
+        lab.stop()
