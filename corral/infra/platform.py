@@ -40,7 +40,7 @@ classes, with these constructor signatures and attributes:
         ARM_SUBSCRIPTION_ID, ARM_RESOURCE_GROUP; GCP: GCP_PROJECT; AWS: none).
         Method `allow_resize(identities)`: the API servers' identities (where
         cluster-autoscaler runs) may resize these groups and nothing else
-        (Azure: Virtual Machine Contributor on each scale set; AWS and GCP
+        (Azure: the custom scale-set operator role on each scale set; AWS and GCP
         scope it in ApiServers already: by tag, by an IAM condition on the
         MIG names).
 
