@@ -67,6 +67,7 @@ def test_plans_are_deterministic():
 # --- Node counts live in group sizes and the inventory, never in resources ---------------
 
 JAGUAR_HOSTS = 'hosts: ["gpu-[001:064].sf1.internal"]'
+JAGUAR_RACKS = 'racks: ["sf1-r[01:08]"]'   # one entry per hosts entry, 8 hosts per rack
 JAGUAR_POOL_MAX = "maxSize: 200"
 PIN_EVENTS = {"members: 5 ": "members: 5\n    dedicatedEventsCluster: false "}
 
@@ -82,7 +83,9 @@ def resource_count(tmp_path: Path, name: str, edits: dict[str, str]) -> tuple[in
 def test_pool_size_and_host_count_do_not_change_the_number_of_resources(tmp_path):
     base, _ = resource_count(tmp_path, "jaguar", {})
     bigger_pool, plan = resource_count(tmp_path, "jaguar", {JAGUAR_POOL_MAX: "maxSize: 900"})
-    more_hosts, _ = resource_count(tmp_path, "jaguar", {JAGUAR_HOSTS: 'hosts: ["gpu-[001:064].sf1.internal", "gpu-[101:700].sf1.internal"]'})
+    more_hosts, _ = resource_count(tmp_path, "jaguar", {
+        JAGUAR_HOSTS: 'hosts: ["gpu-[001:064].sf1.internal", "gpu-[101:700].sf1.internal"]',
+        JAGUAR_RACKS: 'racks: ["sf1-r[01:08]", "sf1-r[11:85]"]'})
     assert base == bigger_pool == more_hosts
     # ... while the sizes themselves did change where they live (the groups' maxima:
     # one scale set per pool zone on Azure, 900 over three zones; Azure's autoscale
@@ -98,6 +101,7 @@ def test_thousands_of_nodes_change_only_what_size_implies(tmp_path):
     base, _ = resource_count(tmp_path, "jaguar", {**PIN_EVENTS, **big_network})
     hosts, _ = resource_count(tmp_path, "jaguar", {
         **PIN_EVENTS, **big_network, JAGUAR_HOSTS: 'hosts: ["gpu-[0001:7428].sf1.internal"]',
+        f"\n    {JAGUAR_RACKS}": "",  # 8 racks would not divide 7,428 hosts
     })
     pool, _ = resource_count(tmp_path, "jaguar", {**PIN_EVENTS, **big_network, JAGUAR_POOL_MAX: "maxSize: 5000"})
     assert base == hosts == pool
