@@ -29,6 +29,13 @@ corral.dev/unhealthy taint (NoExecute for fatal faults when the cluster file
 says so, NoSchedule otherwise). Events are aggregated and rate-limited per
 node as client-go's EventCorrelator does.
 
+It also carries out the repair controller's `reset` and `reboot` of its node
+(corral.dev/repair -> corral.dev/repair-status, once per request id) and burns
+a node in before it is admitted, at join and after a repair (dcgmi diag and a
+one-node all_reduce_perf against the GPU model's baseline -> corral.dev/burn-in;
+docs/gpu-health.md, "Burn-in before readmission" and "Automatic repair: the
+node agent's side").
+
 It talks to the API server with its service account over HTTPS, patching
 only its own node: a ValidatingAdmissionPolicy holds it to that node and to
 corral.dev/ taints (the kubelet's own credential may not remove taints).
