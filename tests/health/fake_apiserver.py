@@ -482,12 +482,18 @@ class FileBackedCluster(FakeCluster):
     def answer(self, method, path, query, body, headers):
         if method == "POST" and path == "/api/v1/namespaces/default/events":
             self.events.append(body)
-        code, answer = super().answer(method, path, query, body, headers)
-        if method == "PATCH" and path.startswith("/api/v1/nodes/") and code == 200:
-            with locked_nodes(self.state) as nodes, self.lock:
-                for i, node in enumerate(nodes):
-                    if node["metadata"]["name"] == answer["metadata"]["name"]:
-                        nodes[i] = self.objects["nodes"][answer["metadata"]["name"]]
+        if not (method == "PATCH" and path.startswith("/api/v1/nodes/")):
+            return super().answer(method, path, query, body, headers)
+        # The file stays locked from before the change until it holds the change: a tick of
+        # another request in between would read the file's older node back over it (a lost
+        # update, which the agent and two repair controllers at once met).
+        with locked_nodes(self.state) as nodes:
+            code, answer = super().answer(method, path, query, body, headers)
+            if code == 200:
+                with self.lock:
+                    for i, node in enumerate(nodes):
+                        if node["metadata"]["name"] == answer["metadata"]["name"]:
+                            nodes[i] = self.objects["nodes"][answer["metadata"]["name"]]
         return code, answer
 
 

@@ -22,7 +22,6 @@ the rendered value).
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 
@@ -96,31 +95,10 @@ def annotation(n: dict, key: str) -> dict | None:
     return json.loads(text) if text else None
 
 
-def serialize_file_backed_fake(api) -> None:
-    """One request at a time through the rig's file-backed fake API server. FileBackedCluster stores a
-    PATCH in memory, then in its file; a request arriving between the two first re-reads the file's
-    older node (its tick) over the new one, and the update is lost (seen here: the agent's burn-in taint
-    lifted, then back, for ever). One client at a time never met it; the agent and two controller
-    replicas do. The fix belongs in fake_apiserver.py (reported to the lead)."""
-    cluster, serial = api.cluster, threading.RLock()
-    answer, tick = cluster.answer, cluster.tick
-
-    def answer_alone(*args):
-        with serial:
-            return answer(*args)
-
-    def tick_alone():
-        with serial:
-            tick()
-
-    cluster.answer, cluster.tick = answer_alone, tick_alone
-
-
 @pytest.fixture(scope="module")
 def loop(rig):  # noqa: F811  (the imported fixture, by name)
     """test_hostlab_health's rig with burn-in fakes, past its join (preflight and join burn-in)."""
     testbed = rig
-    serialize_file_backed_fake(testbed["api"])
     host = testbed["host"]
     for fake in ("dcgmi", "all_reduce_perf"):
         host.path(f"/usr/local/bin/{fake}").write_bytes((FAKE_HOST_BIN / fake).read_bytes())
