@@ -1004,6 +1004,11 @@ class Agent:
         elif step == "reboot-timed-out":
             record = dict(record, state="failed", at=stamp,
                           detail=f"the host did not reboot within {REBOOT_GRACE_SECONDS} s of systemctl reboot")
+        elif step == REBOOT and not self.node.get("spec", {}).get("unschedulable"):
+            # The controller cordons and drains before it asks; a request on a node in service (a
+            # stray or forged annotation) would kill its jobs: refused, never carried out later.
+            record = {"id": request["id"], "action": REBOOT, "state": "failed", "boot_id": boot_id, "at": stamp,
+                      "detail": "refused: the node is not cordoned (the controller cordons and drains first)"}
         elif step == REBOOT:
             record = {"id": request["id"], "action": REBOOT, "state": "running", "boot_id": boot_id,
                       "started": self.clock.time(), "detail": "rebooting the host", "at": stamp}

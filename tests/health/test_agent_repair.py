@@ -220,3 +220,15 @@ def test_the_admission_policy_lets_the_agent_set_and_lift_the_burn_in_taint():
     burning = {"key": repair_protocol.BURN_IN_TAINT, "value": "pending", "effect": "NoSchedule"}
     assert admit(vap, AGENT, "gpu-001", node(gpu), node(gpu, burning)) == []
     assert admit(vap, AGENT, "gpu-001", node(gpu, burning), node(gpu)) == []
+
+
+def test_a_reboot_asked_of_a_node_in_service_is_refused(agent, repair_env):
+    api = repaired_node(repair_env, "reboot")
+    api.node["spec"].pop("unschedulable")
+    agent.once(api, repair_env["config"], "gpu-001")
+    status = annotation(api, STATUS)
+    assert status["state"] == "failed" and "not cordoned" in status["detail"]
+    assert host_calls(repair_env) == []
+    api.node["spec"]["unschedulable"] = True          # cordoned later: the refused request stays refused
+    agent.once(api, repair_env["config"], "gpu-001")
+    assert host_calls(repair_env) == []
