@@ -86,7 +86,7 @@ def image_urn() -> str | None:
         return None
     import pulumi
 
-    from corral.infra.azure.common import IMAGE
+    from corral.infra.azure.common import MARKETPLACE_IMAGE as IMAGE
 
     return ":".join(str(pulumi.get(IMAGE, key)) for key in ("publisher", "offer", "sku", "version"))
 

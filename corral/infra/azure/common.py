@@ -1,7 +1,23 @@
 """What the Azure components share: image, admin user, names, ids, user data.
 
-Stack settings: `corral:keyVaultName` (secrets.py), and the bootstrap token
-settings every cloud reads (stacks/README.md).
+Stack settings: `corral:keyVaultName` (secrets.py), the bootstrap token
+settings every cloud reads (stacks/README.md), and the boot images, the same
+two keys as on AWS and GCP:
+
+    corral:nodeImage       image of every machine (etcd, API servers, nodes)
+                           as an ARM id: a managed image (what Packer's
+                           `azure-arm` build in node-images/ makes:
+                           `/subscriptions/S/resourceGroups/RG/providers/
+                           Microsoft.Compute/images/NAME`) or an Azure Compute
+                           Gallery image (`.../galleries/G/images/D`, latest
+                           version) or image version (`.../versions/1.2.3`).
+                           Default: the Debian 12 Marketplace image
+                           (`MARKETPLACE_IMAGE`), with a warning at preview.
+    corral:gpuNodeImage    image of GPU pools (NVIDIA driver baked in);
+                           default: `corral:nodeImage`. A GPU pool with
+                           neither set is refused: the Marketplace image has no
+                           NVIDIA driver, so its nodes would keep the
+                           preflight taint forever.
 
 Everything here is plain Python over `ClusterContext`: no resource is
 created, so each component module reads top to bottom as the resources it
@@ -20,18 +36,32 @@ import pulumi_azure_native as azure
 
 from corral.infra import platform
 from corral.infra.platform import pick  # noqa: F401 (used by the components)
-from corral.infra.platform import ClusterContext
+from corral.infra.platform import ClusterContext, warn_once
 
 # Debian 12 "bookworm", generation-2 (UEFI) image from the Azure Marketplace,
 # the same distribution the on-prem roles target (ansible/roles/*/meta), with
 # cloud-init reading `customData` and the Azure udev rules that create
 # /dev/disk/azure/scsi1/lun<N>. `latest` follows Debian's point releases;
 # pin a version ("0.20240211.1654" style) to freeze a cluster's image.
-IMAGE = azure.compute.ImageReferenceArgs(
+# Booted only when the stack sets no `corral:nodeImage` (see `node_image`);
+# it is also the base node-images/gpu-node.pkr.hcl's azure-arm source builds on.
+MARKETPLACE_IMAGE = azure.compute.ImageReferenceArgs(
     publisher="Debian",
     offer="debian-12",
     sku="12-gen2",
     version="latest",
+)
+
+# The ARM ids `corral:nodeImage` / `corral:gpuNodeImage` take. ImageReference's
+# `id` names a managed image or a gallery image, with or without a version
+# (without: the gallery's latest); publisher/offer/sku/version are for
+# Marketplace images only, and a gallery image "should always use 'id'"
+# (ImageReference, learn.microsoft.com/javascript/api/@azure/arm-compute/
+# imagereference; azure-native's ImageReferenceArgs has the same `id` field).
+IMAGE_ID = re.compile(
+    r"^/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Compute/"
+    r"(images/[^/]+|galleries/[^/]+/images/[^/]+(/versions/[^/]+)?)$",
+    re.IGNORECASE,
 )
 
 # The login cloud-init creates. Password login is off; the key is generated
@@ -50,6 +80,45 @@ CONTROL_OS_DISK_GIB = 64
 CUSTOM_DATA_LIMIT = 64 * 1024
 # Azure's limit of tags on one resource.
 MAX_TAGS = 50
+
+
+def config() -> pulumi.Config:
+    return pulumi.Config("corral")
+
+
+def node_image(ctx: ClusterContext, gpu_pool: str | None = None) -> azure.compute.ImageReferenceArgs:
+    """The image a machine boots: `gpu_pool` names the GPU pool asking, if one is.
+
+    See the module docstring for the settings; as on AWS and GCP, an unset
+    `corral:nodeImage` is a warning (here the Marketplace image still boots),
+    but a GPU pool never boots an image without the NVIDIA driver.
+    """
+    cfg = config()
+    key = "gpuNodeImage" if gpu_pool is not None and cfg.get("gpuNodeImage") else "nodeImage"
+    image = cfg.get(key)
+    stack_file = f"stacks/Pulumi.{ctx.cluster.name}.yaml"
+    if image:
+        if not IMAGE_ID.match(image.strip()):
+            raise ValueError(
+                f"{stack_file}: corral:{key} is {image!r}, not an image's ARM id: expected "
+                "/subscriptions/S/resourceGroups/RG/providers/Microsoft.Compute/images/NAME (Packer's "
+                "azure-arm build) or .../galleries/G/images/D[/versions/V] (an Azure Compute Gallery image)"
+            )
+        return azure.compute.ImageReferenceArgs(id=image.strip())
+    if gpu_pool is not None:
+        raise ValueError(
+            f"{stack_file}: GPU pool {gpu_pool} needs corral:gpuNodeImage or corral:nodeImage: without "
+            "either it would boot the Debian Marketplace image, which has no NVIDIA driver, and its nodes "
+            f"would never pass the GPU preflight. Build one (node-images/README.md, -only=azure-arm.gpu-node), "
+            f"then `pulumi config set -s {ctx.cluster.name} corral:gpuNodeImage /subscriptions/.../images/NAME`"
+        )
+    warn_once(
+        "corral:nodeImage is not set: machines boot the Debian 12 Marketplace image "
+        f"({MARKETPLACE_IMAGE.publisher}:{MARKETPLACE_IMAGE.offer}:{MARKETPLACE_IMAGE.sku}:"
+        f"{MARKETPLACE_IMAGE.version}), not an image from node-images/. Set it with "
+        "`pulumi config set corral:nodeImage /subscriptions/.../providers/Microsoft.Compute/images/NAME`."
+    )
+    return MARKETPLACE_IMAGE
 
 
 def location(ctx: ClusterContext) -> str:
@@ -174,7 +243,7 @@ def control_plane_vm(
             azure.compute.AdditionalCapabilitiesArgs(ultra_ssd_enabled=True) if ultra_ssd else None
         ),
         storage_profile=azure.compute.StorageProfileArgs(
-            image_reference=IMAGE,
+            image_reference=node_image(ctx),
             os_disk=azure.compute.OSDiskArgs(
                 name=f"{name}-os",
                 create_option="FromImage",

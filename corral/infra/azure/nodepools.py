@@ -16,12 +16,12 @@ from corral.machine.rollout import KUBELET_HEALTHZ_PORT, SURGE_PERCENT, WARMUP_S
 
 from .common import (
     ADMIN_USERNAME,
-    IMAGE,
     accelerated_networking,
     boot_diagnostics,
     custom_data,
     linux_configuration,
     location,
+    node_image,
     pick,
     tags,
 )
@@ -262,7 +262,8 @@ class NodePools(pulumi.ComponentResource):
                         linux_configuration=linux_configuration(network.admin_ssh_public_key),
                     ),
                     storage_profile=azure.compute.VirtualMachineScaleSetStorageProfileArgs(
-                        image_reference=IMAGE,
+                        # GPU pools boot corral:gpuNodeImage (NVIDIA driver baked in), else nodeImage.
+                        image_reference=node_image(ctx, gpu_pool=pool.name if pool.gpu else None),
                         os_disk=azure.compute.VirtualMachineScaleSetOSDiskArgs(
                             create_option="FromImage",
                             caching="ReadWrite",
