@@ -146,6 +146,18 @@ def varied() -> Plan:
     def events(data: dict) -> None:
         data["controlPlane"]["etcd"]["dedicatedEventsCluster"] = True
 
+    # A GPU pool needs an image with the NVIDIA driver (common.node_image refuses one without).
+    pulumi.runtime.set_all_config({"corral:gpuNodeImage": GPU_IMAGE_ID})
+    try:
+        return _varied_plan(events)
+    finally:
+        pulumi.runtime.set_all_config({})
+
+
+GPU_IMAGE_ID = "/subscriptions/0/resourceGroups/corral-images/providers/Microsoft.Compute/images/corral-gpu-node"
+
+
+def _varied_plan(events: Callable[[dict], None]) -> Plan:
     return plan_of(
         "jaguar",
         events=events,
