@@ -36,11 +36,16 @@ def test_the_add_on_pins_the_release_whose_crds_the_tests_hold():
     assert versions.KUEUE.endswith(f":{KUEUE_RELEASE}")
 
 
-def test_two_example_clusters_enable_kueue_and_the_others_render_none():
-    assert WITH_KUEUE == ["heron", "jaguar"]
-    for name, cluster in FLEET.clusters.items():
-        if name not in WITH_KUEUE:
-            assert "kueue" not in [a.name for a in render(cluster)]
+def _without_kueue(name: str):
+    """Example cluster `name` with scheduling.kueue.enabled false (every example runs Kueue: fleet.yaml)."""
+    cluster = FLEET.clusters[name].model_copy(deep=True)
+    cluster.scheduling.kueue.enabled = False
+    return cluster
+
+
+def test_the_example_clusters_enable_kueue_and_a_cluster_without_it_renders_none():
+    assert WITH_KUEUE == ["heron", "ibis", "jaguar"]
+    assert "kueue" not in [a.name for a in render(_without_kueue("ibis"))]
 
 
 @pytest.mark.parametrize("name", WITH_KUEUE)
@@ -221,12 +226,11 @@ def test_rendered_queues_of_any_quota_validate(fleet):
 def test_the_global_prometheus_scrapes_kueue_only_where_it_runs():
     from corral.manifests import monitoring
 
-    def kueue_jobs(name: str) -> list[dict]:
-        cluster = FLEET.clusters[name]
+    def kueue_jobs(cluster) -> list[dict]:
         config = YAML(typ="safe", pure=True).load(monitoring.global_config(cluster, monitoring.shard_count(cluster)))
         return [job for job in config["scrape_configs"] if job["job_name"] == "kueue"]
 
-    (job,) = kueue_jobs("jaguar")
+    (job,) = kueue_jobs(FLEET.clusters["jaguar"])
     assert job["static_configs"] == [{"targets": ["kueue-controller-manager-metrics-service.kueue-system.svc:8443"]}]
     assert job["scheme"] == "https" and job["authorization"]["credentials_file"].endswith("/token")
-    assert kueue_jobs("ibis") == []
+    assert kueue_jobs(_without_kueue("ibis")) == []
