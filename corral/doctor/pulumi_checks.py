@@ -187,7 +187,15 @@ def check_config(ctx: Context) -> list[Finding]:
         findings.append(Finding("pulumi.config", Status.fail,
                                 f"{shown}: {region_key} is {ctx.config(region_key)}, the cluster's region is {region}",
                                 f"pulumi config set -s {ctx.name} {region_key} {region}"))
-    if cloud in ("aws", "gcp") and any(p.gpu for p in ctx.cluster.cloud_pools) and not ctx.config("corral:gpuNodeImage"):
+    gpu_pools = [p.name for p in ctx.cluster.cloud_pools if p.gpu]
+    if cloud == "azure" and gpu_pools and not ctx.config("corral:gpuNodeImage") and not ctx.config("corral:nodeImage"):
+        # Without either, Azure would boot the Marketplace image, which has no NVIDIA driver:
+        # the program refuses it (corral/infra/azure/common.py node_image).
+        findings.append(Finding("pulumi.config", Status.fail,
+                                f"{shown}: GPU pool {', '.join(gpu_pools)} needs corral:gpuNodeImage (or corral:nodeImage): "
+                                "the Marketplace image has no NVIDIA driver",
+                                f"pulumi config set -s {ctx.name} corral:gpuNodeImage IMAGE-ID  (node-images/)"))
+    elif gpu_pools and not ctx.config("corral:gpuNodeImage"):
         findings.append(Finding("pulumi.config", Status.warn,
                                 f"{shown}: corral:gpuNodeImage is not set: GPU pools boot corral:nodeImage, "
                                 "which needs the NVIDIA driver then",
