@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .checks import Context, Finding, Status
+from .images import boot_images
 from .quota import machine_demand, verdict
 from .runner import Unanswered
 
@@ -78,35 +79,69 @@ def check_permissions(ctx: Context) -> list[Finding]:
 
 
 def image_urn() -> str | None:
-    """Publisher:Offer:Sku:Version of the marketplace image every Azure machine boots
-    (corral/infra/azure/common.py IMAGE); None without the azure extra."""
+    """Publisher:Offer:Sku:Version of the Marketplace image a machine boots when the
+    stack sets no `corral:nodeImage` (corral/infra/azure/common.py MARKETPLACE_IMAGE);
+    None without the azure extra."""
     from corral.infra.extras import provider_installed
 
     if not provider_installed("azure"):
         return None
     import pulumi
 
-    from corral.infra.azure.common import MARKETPLACE_IMAGE as IMAGE
+    from corral.infra.azure.common import MARKETPLACE_IMAGE
 
-    return ":".join(str(pulumi.get(IMAGE, key)) for key in ("publisher", "offer", "sku", "version"))
+    return ":".join(str(pulumi.get(MARKETPLACE_IMAGE, key)) for key in ("publisher", "offer", "sku", "version"))
 
 
-def check_images(ctx: Context) -> list[Finding]:
-    if not ctx.cloud_identity:
-        return [Finding("cloud.images", Status.skip, "needs an Azure login (see cloud.credentials)")]
+def describe_image(ctx: Context, image: str, users: list[str]) -> Finding:
+    """An image the stack names by ARM id (a managed image or a gallery image [version])."""
+    fix = (f"build one (node-images/README.md, -only=azure-arm.gpu-node), then pulumi config set -s {ctx.name} "
+           "corral:nodeImage /subscriptions/.../providers/Microsoft.Compute/images/NAME")
+    try:
+        # Any ARM resource by id (Azure CLI, `az resource show --ids ID`); managed images,
+        # gallery images and image versions report properties.provisioningState, "Succeeded"
+        # once usable (GalleryImageVersion.provisioning_state, azure-mgmt-compute).
+        answer = ctx.cli.run(["az", "resource", "show", "--ids", image, "--output", "json"])
+        found = answer.json() if answer.ok else None
+    except Unanswered as why:
+        return Finding("cloud.images", Status.fail, f"{image}: {why}", why.fix)
+    if not isinstance(found, dict):
+        why = answer.error_line() if not answer.ok else "no such image"
+        return Finding("cloud.images", Status.fail, f"{image} (booted by {', '.join(users)}) not found: {why}", fix)
+    properties = found.get("properties") if isinstance(found.get("properties"), dict) else {}
+    state = properties.get("provisioningState")
+    status = Status.passed if state == "Succeeded" else Status.fail
+    return Finding("cloud.images", status, f"{image} is {state} (booted by {', '.join(users)})",
+                   "" if status is Status.passed else fix)
+
+
+def check_marketplace_image(ctx: Context, booted_by: str) -> Finding:
     urn = image_urn()
     if urn is None:
-        return [Finding("cloud.images", Status.skip, "needs the azure extra (see cloud.extra)")]
+        return Finding("cloud.images", Status.skip, "needs the azure extra (see cloud.extra)")
     region = ctx.cluster.control_plane.region
     try:
         # az vm image show --urn PUBLISHER:OFFER:SKU:VERSION ("latest" allowed) --location.
         answer = ctx.cli.run(["az", "vm", "image", "show", "--urn", urn, "--location", region, "--output", "json"])
     except Unanswered as why:
-        return [Finding("cloud.images", Status.fail, str(why), why.fix)]
+        return Finding("cloud.images", Status.fail, str(why), why.fix)
     if not answer.ok:
-        return [Finding("cloud.images", Status.fail, f"{urn} is not offered in {region}: {answer.error_line()}",
-                        "pin another image in corral/infra/azure/common.py (az vm image list --publisher Debian --all)")]
-    return [Finding("cloud.images", Status.passed, f"{urn} is offered in {region} (every machine boots it)")]
+        return Finding("cloud.images", Status.fail, f"{urn} is not offered in {region}: {answer.error_line()}",
+                       f"pulumi config set -s {ctx.name} corral:nodeImage IMAGE-ID (an image of yours, node-images/)")
+    return Finding("cloud.images", Status.passed, f"{urn} is offered in {region} ({booted_by})")
+
+
+def check_images(ctx: Context) -> list[Finding]:
+    """The images the stack sets (as on AWS and GCP), and the Marketplace image
+    while `corral:nodeImage` is unset (the control plane and CPU pools boot it then)."""
+    if not ctx.cloud_identity:
+        return [Finding("cloud.images", Status.skip, "needs an Azure login (see cloud.credentials)")]
+    images = boot_images(ctx)
+    findings = [describe_image(ctx, image, users) for image, users in images.items()]
+    if not ctx.config("corral:nodeImage"):
+        findings.append(check_marketplace_image(
+            ctx, "the control plane and CPU pools boot it" if images else "every machine boots it"))
+    return findings
 
 
 def check_quotas(ctx: Context) -> list[Finding]:

@@ -1,4 +1,5 @@
-"""The images a cluster's machines boot, as the stack names them (AWS and GCP)."""
+"""The images a cluster's machines boot, as the stack names them (every cloud: on Azure an
+image's ARM id, and the Marketplace image while corral:nodeImage is unset, cloud_azure.py)."""
 
 from __future__ import annotations
 
