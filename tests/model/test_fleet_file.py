@@ -156,3 +156,17 @@ def test_cluster_file_problems_are_reported_as_corral_validate_reports_them(tmp_
     text = FLEET.format(manager="heron", workers="[jaguar, ibis]", teams="[robotics]")
     found = fleet_problems(tmp_path, text, clusters)
     assert any(p.startswith("clusters/heron.yaml:") and "unknown key 'bogus'" in p for p in found)
+
+
+def test_the_example_fleet_is_hybrid_and_valid_over_the_example_clusters():
+    from corral.manifests.multikueue import manager_objects, workers_agree
+    from tests.manifests.kueue_schema import validate_kueue_object
+
+    fleet = load_fleet_file(EXAMPLE_FLEET, ROOT / "clusters")
+    onprem = [w.name for w in fleet.workers if any(p.provider == "onprem" for p in w.node_pools)]
+    cloud_only = [w.name for w in fleet.workers if all(p.provider != "onprem" for p in w.node_pools)]
+    assert len(fleet.workers) >= 2 and onprem and cloud_only, "hybrid: an on-prem-heavy worker and a cloud one"
+    assert fleet.manager.name not in fleet.spec.multi_kueue.workers
+    assert workers_agree(fleet) == []
+    kueue_objects = [o for o in manager_objects(fleet) if o["apiVersion"].startswith("kueue.x-k8s.io/")]
+    assert [p for o in kueue_objects for p in validate_kueue_object(o)] == []
