@@ -156,9 +156,11 @@ def view(node: dict, pools: dict) -> NodeView | None:
         reason = f"tainted {UNHEALTHY_TAINT}={unhealthy.get('value', '')}"
     xids = {int(code) for c in conditions if c.get("type") in XID_CONDITIONS
             for code in XID_IN_MESSAGE.findall(c.get("message", "") + " " + c.get("reason", "").replace("Xid", "Xid "))}
+    # The agent's own test (classify.reset_refusal, NVIDIA's Xid catalog): the controller asks for a
+    # reset only where the node's agent will carry it out, one source of truth for both.
     reset_allowed = bool(conditions) and bool(xids) \
         and all(c.get("type") in XID_CONDITIONS for c in conditions) \
-        and all(classify.xid_class(code) in ("gpu-reset", "held") for code in xids)
+        and classify.reset_refusal(xids) is None
     return NodeView(
         name=meta.get("name", ""), pool=pool, provider=provider,
         domain=failure_domain(labels, provider, pool),

@@ -281,3 +281,17 @@ def test_a_repair_the_agent_never_reports_on_is_escalated(shipped):
     late = {"id": "r1", "state": "done", "at": stamp_at(NOW - burn - 60)}
     [(_, _, why)] = plan(decide, [repairing(burn + 120, repair_status=late), node("n1")]).escalate
     assert "no burn-in result" in why
+
+
+def test_reset_or_not_is_the_agents_own_test_of_the_xid_catalog(shipped):
+    """decide.view asks classify.reset_refusal, the test the node's agent applies before `nvidia-smi -r`:
+    Xid 109 (in NVIDIA's catalog, no reboot needed) made fatal by the cluster file gets the reset the
+    agent would carry out; the old copy of the check in decide.py sent it to a reboot."""
+    decide = shipped.decide
+    xid109 = ("GPUXidFault", "Xid109", "Xid 109 on 0000:17:00.0: CTX SWITCH TIMEOUT")
+    unknown = ("GPUXidFault", "Xid999", "Xid 999 on 0000:17:00.0: not in the catalog")
+    resettable, not_in_catalog = views(decide, [node("a", unhealthy_at=NOW, fault=xid109),
+                                                node("b", unhealthy_at=NOW, fault=unknown)])
+    assert shipped.decide.classify.reset_refusal([109]) is None
+    assert resettable.reset_allowed and decide.first_action(resettable, [], CONFIG, NOW)[0] == "reset"
+    assert not not_in_catalog.reset_allowed and decide.first_action(not_in_catalog, [], CONFIG, NOW)[0] == "reboot"
