@@ -33,13 +33,12 @@ from pathlib import Path
 
 from corral.certs import kube_watch
 from corral.certs import node_approver as controller
-from corral.health import cloud_api
 from corral.health.addon import IMAGE
 from corral.model.layout import layout
 from corral.model.schema import Cluster
 from corral.nodes.join import pool_token_group
 
-from . import monitoring, policy
+from . import api_server_host, monitoring, policy
 from .runner_rbac import FIXED_SPEC_FIELDS, field_or_empty
 
 NAME = "corral-node-approver"
@@ -50,7 +49,6 @@ SERVICE_ACCOUNT_USER = f"system:serviceaccount:{NAMESPACE}:{NAME}"
 # client) ships beside it.
 CODE = Path(controller.__file__)
 WATCH_CODE = Path(kube_watch.__file__)
-CLOUD_CODE = Path(cloud_api.__file__)
 # It watches (a joining kubelet's request is decided when its watch event
 # arrives, well within kubeadm's 5-minute TLS bootstrap, constants.TLSBootstrapTimeout)
 # and relists once per RESYNC_SECONDS, at a jittered point (issue 28, item 2).
@@ -128,7 +126,7 @@ def files(cluster: Cluster) -> dict[str, str]:
     return {
         "node_approver.py": CODE.read_text(),
         "kube_watch.py": WATCH_CODE.read_text(),
-        "cloud_api.py": CLOUD_CODE.read_text(),
+        **api_server_host.cloud_api_files(),
         "config.json": json.dumps(config(cluster), indent=2, sort_keys=True) + "\n",
     }
 
