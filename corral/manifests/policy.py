@@ -13,6 +13,7 @@ import json
 import math
 from dataclasses import dataclass
 
+from corral.health.repair_protocol import REPAIR_NAMESPACE
 from corral.model.layout import layout, node_group_name
 from corral.model.schema import (
     LABEL_DOMAIN,
@@ -266,6 +267,32 @@ PRIVILEGED_NAMESPACES = ("kube-system", FLANNEL_NAMESPACE, MONITORING_NAMESPACE)
 # dropping every capability, which the GPU training images teams run (NGC
 # images run as root) do not meet. docs/addons.md has the argument.
 TEAM_POD_SECURITY = "baseline"
+# The add-on namespace whose pods act with the API servers' cloud identity when the cluster has
+# cloud GPU pools: the repair controller replaces their instances, and only a pod on an API
+# server's host network is the instance's own process at its metadata service
+# (autoscaler_host_network, corral/manifests/api_server_host.py). It then joins the namespaces the
+# placement policy exempts (its pods tolerate the control-plane taint) and those enforcing
+# `privileged` (hostNetwork is a host namespace, which baseline forbids). On-prem-only clusters
+# replace nothing from the cluster: it stays `restricted`, off the API servers.
+API_SERVER_ADDON_NAMESPACES = (REPAIR_NAMESPACE,)
+
+
+def repair_on_api_servers(cluster: Cluster) -> bool:
+    """The repair controller runs (`health.autoRepair.enabled`) and some GPU pool is a cloud's (the
+    control plane's cloud: schema.ControlPlane.cloud), whose instances it replaces with the API
+    servers' identity."""
+    gpu = gpu_pools(cluster)
+    return cluster.health.auto_repair.enabled and any(pool.provider != "onprem" for pool in gpu)
+
+
+def system_namespaces(cluster: Cluster) -> tuple[str, ...]:
+    """SYSTEM_NAMESPACES, and the API-server add-on namespaces where the cluster runs them there."""
+    return SYSTEM_NAMESPACES + (API_SERVER_ADDON_NAMESPACES if repair_on_api_servers(cluster) else ())
+
+
+def privileged_namespaces(cluster: Cluster) -> tuple[str, ...]:
+    """PRIVILEGED_NAMESPACES, and the API-server add-on namespaces where the cluster runs them there."""
+    return PRIVILEGED_NAMESPACES + (API_SERVER_ADDON_NAMESPACES if repair_on_api_servers(cluster) else ())
 
 
 def pod_security_labels(cluster: Cluster, enforce: str) -> dict[str, str]:
@@ -414,7 +441,7 @@ def placement_policy(cluster: Cluster) -> dict:
         variables = [{"name": "namespaceTeam", "expression": "''"}]  # no team: no team taint is anyone's
     return {
         "name": PLACEMENT_POLICY_NAME,
-        "exempt_namespaces": list(SYSTEM_NAMESPACES),
+        "exempt_namespaces": list(system_namespaces(cluster)),
         "variables": variables,
         "validations": [
             {"expression": NODE_NAME_EXPRESSION, "messageExpression": NODE_NAME_MESSAGE, "reason": "Forbidden"},

@@ -202,7 +202,9 @@ class Metrics:
             lines += [f'corral_repair_actions_total{{action="{a}"}} {v}' for a, v in sorted(self.actions.items())]
             return "\n".join(lines) + "\n"
 
-    def serve(self, port: int) -> None:
+    def serve(self, port: int, address: str = "") -> ThreadingHTTPServer:
+        """/metrics on `address` (every address of the pod when empty: its own, on the pod network;
+        on an API server's host network the node's, from CORRAL_REPAIR_METRICS_ADDRESS)."""
         metrics = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -217,8 +219,9 @@ class Metrics:
             def log_message(self, *args):
                 pass
 
-        server = ThreadingHTTPServer(("", port), Handler)
+        server = ThreadingHTTPServer((address, port), Handler)
         threading.Thread(target=server.serve_forever, daemon=True).start()
+        return server
 
 
 STOP = ("stop",)
@@ -607,7 +610,7 @@ def main(argv: list[str]) -> int:
     identity = os.environ.get("POD_NAME") or f"corral-repair-{uuid.uuid4().hex[:8]}"
     api = agent.Api(user_agent=f"{COMPONENT}/{identity}")
     controller = Controller(api, config, identity, replace=cloud_replace(config))
-    controller.metrics.serve(int(config.get("metrics_port", 9402)))
+    controller.metrics.serve(int(config.get("metrics_port", 9402)), os.environ.get("CORRAL_REPAIR_METRICS_ADDRESS", ""))
     controller.run()
     return 0
 

@@ -20,7 +20,7 @@ from tests.health.fake_apiserver import FakeCluster
 from tests.health.loadsim import serve
 from tests.health.simclock import WALL_START, SimClock
 
-SHIPPED_MODULES = ("agent", "classify", "decide", "repair_protocol")
+SHIPPED_MODULES = ("agent", "classify", "decide", "repair_protocol", "cloud_api")
 
 
 def load_shipped(folder: Path, files: dict[str, str], name: str) -> types.ModuleType:

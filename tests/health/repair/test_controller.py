@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 
 from corral.manifests import node_approver
 from tests.health.conftest import cluster
@@ -394,3 +395,80 @@ def test_no_replace_when_the_node_claims_another_instance_than_the_cloud_names(s
     assert "providerID names i-0zzz" in failed["message"] and "i-0aaa" in failed["message"]
     assert s.annotation(name, REPAIR)["action"] == "rma"          # the top of the ladder
     assert "fake-secret-key" not in json.dumps(s.cluster.objects["events"])   # no credential in events
+
+
+# --- the controller as rendered for a cluster with cloud GPU pools -------------------------------
+
+
+def test_as_rendered_for_cloud_gpu_pools_it_replaces_through_the_shipped_cloud_client(tmp_path, monkeypatch):
+    """heron's ConfigMap as rendered (controller, cloud_api.py, config.json with `cloud` and the
+    pools' groups), loaded as the pod loads it; main's cloud_replace builds the CloudReplacer from
+    that config alone. Only where the metadata service and the cloud's API are is redirected, to the
+    fakes (the network boundary). The ladder for a cloud node: reboot failed -> replace, in the cloud."""
+    import importlib
+
+    from corral.manifests import repair as repair_addon
+    from tests.health.fake_cloud import FakeCloudApi, FakeInstance, FakeMetadata
+
+    from .conftest import SHIPPED_MODULES, Sim, load_shipped
+
+    files = repair_addon.files(cluster("heron"))
+    config = json.loads(files["config.json"])
+    module = load_shipped(tmp_path / "code", files, "corral_repair_heron")
+    try:
+        shipped_cloud_api = importlib.import_module("cloud_api")
+        assert shipped_cloud_api.__file__ == str(tmp_path / "code" / "cloud_api.py")
+        name = "ip-10-20-3-4.us-west-2.compute.internal"
+        with FakeCloudApi(tmp_path, [FakeInstance("aws", "heron-gpu-a10g", name, "i-0aaa", "us-west-2a")]) as cloud, \
+                FakeMetadata("aws") as metadata:
+            real = shipped_cloud_api.CloudSession
+
+            def FAKE_from_metadata(cls, cloud_name):
+                return real(cloud_name, metadata_url=metadata.url, **cloud.session_args())
+
+            monkeypatch.setattr(real, "from_metadata", classmethod(FAKE_from_metadata))
+            replace = module.cloud_replace(config)
+            assert isinstance(replace, module.CloudReplacer) and replace.session.cloud == "aws"
+            s = Sim(module, tmp_path / "sim", config)
+            try:
+                s.add_node(make_node(name, "gpu-a10g", provider_id="aws:///us-west-2a/i-0aaa"))
+                for i in range(9):
+                    s.add_node(make_node(f"ip-10-20-4-{i}.us-west-2.compute.internal", "gpu-a10g",
+                                         provider_id=f"aws:///us-west-2a/i-1{i:03d}"))
+                s.add_controller("only", replace=replace)
+                s.at(5, lambda: s.FAKE_agent_taint(name, XID79))
+                s.run_until(60)
+                assert s.annotation(name, REPAIR)["action"] == "reboot"
+                s.at(70, lambda: s.FAKE_agent_report(name, "failed"))
+                s.run_until(100)
+            finally:
+                s.stop()
+        assert ("aws", "TerminateInstanceInAutoScalingGroup") in cloud.calls
+        assert s.annotation(name, REPAIR)["action"] == "replace"
+        assert s.annotation(name, "corral.dev/repair-status")["state"] == "done"
+        assert history(s)[name][-1]["outcome"] == "replaced"
+    finally:
+        for module_name in SHIPPED_MODULES:
+            sys.modules.pop(module_name, None)
+
+
+def test_on_prem_config_as_rendered_has_no_replace(shipped):
+    """jaguar (on-prem GPU pools): no cloud in its config, so main runs without a replace call and a
+    node a reboot did not fix goes to RMA (test_a_failed_reset_escalates_to_reboot_...)."""
+    assert shipped.cloud_replace(sim_config("jaguar")) is None
+
+
+def test_metrics_listen_on_the_address_given(shipped):
+    """On the host network the pod gets the node's address (CORRAL_REPAIR_METRICS_ADDRESS from
+    status.hostIP) and listens there only, not on every interface of the API server."""
+    import urllib.request
+
+    server = shipped.Metrics().serve(0, "127.0.0.1")
+    try:
+        host, port = server.server_address[:2]
+        assert host == "127.0.0.1"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            assert b"corral_repair_actions_total" in answer.read()
+    finally:
+        server.shutdown()
+        server.server_close()

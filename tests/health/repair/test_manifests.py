@@ -106,12 +106,89 @@ def test_rendered_with_gpu_pools_when_enabled_only():
     assert "repair" not in [a.name for a in render(cluster("ibis"))] or any(p.gpu for p in cluster("ibis").node_pools)
 
 
-def test_no_cloud_identity_and_no_host_network_on_any_cluster():
-    """Replacing from the cluster would need the API servers' identity on their host network, a
-    security decision not made here (corral/manifests/repair.py): cloud nodes go reboot -> RMA."""
-    for name in ("heron", "jaguar"):
+def test_on_prem_gpu_pools_keep_it_restricted_off_the_api_servers_with_no_cloud():
+    """jaguar's GPU pools are all on-prem: nothing to replace from the cluster, so no cloud identity,
+    no host network, no control-plane toleration, no cloud client, and cloud nodes' rungs unused."""
+    got = objects("jaguar")
+    spec = got[("Deployment", "corral-repair/corral-repair")]["spec"]
+    pod = spec["template"]["spec"]
+    assert "hostNetwork" not in pod and "tolerations" not in pod and "strategy" not in spec
+    assert [e["name"] for e in pod["containers"][0]["env"]] == ["CORRAL_REPAIR_CONFIG", "PYTHONDONTWRITEBYTECODE",
+                                                                "POD_NAME"]
+    assert pod["containers"][0]["ports"] == [{"name": "metrics", "containerPort": addon.METRICS_PORT}]
+    data = got[("ConfigMap", "corral-repair/corral-repair")]["data"]
+    config = json.loads(data["config.json"])
+    assert "cloud_api.py" not in data and config["cloud"] is None
+    assert all(set(pool) == {"provider"} for pool in config["pools"].values())
+    labels = got[("Namespace", "/corral-repair")]["metadata"]["labels"]
+    assert {labels[f"{PSA}/{mode}"] for mode in ("enforce", "audit", "warn")} == {"restricted"}
+
+
+# --- a cluster with cloud GPU pools: the controller on the API servers' host network ----------------
+
+PSA = "pod-security.kubernetes.io"
+CONTROL_PLANE = "node-role.kubernetes.io/control-plane"
+
+
+def test_cloud_gpu_pools_put_it_on_the_api_servers_host_network():
+    """heron's (AWS) and ibis' (GCP) GPU pools are cloud pools: the replicas run where the API servers'
+    identity is, as the node approver and cluster-autoscaler do."""
+    for name in ("heron", "ibis"):
         got = objects(name)
-        spec = got[("Deployment", "corral-repair/corral-repair")]["spec"]["template"]["spec"]
-        assert "hostNetwork" not in spec
-        data = got[("ConfigMap", "corral-repair/corral-repair")]["data"]
-        assert "cloud_api.py" not in data and json.loads(data["config.json"])["cloud"] is None
+        spec = got[("Deployment", "corral-repair/corral-repair")]["spec"]
+        pod = spec["template"]["spec"]
+        assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+        assert pod["tolerations"] == [{"key": CONTROL_PLANE, "operator": "Exists", "effect": "NoSchedule"}]
+        required = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert required == {"nodeSelectorTerms": [{"matchExpressions": [{"key": CONTROL_PLANE, "operator": "Exists"}]}]}
+        assert "podAntiAffinity" in pod["affinity"]
+        # Still nothing more than the host network: non-root, no capabilities, read-only root.
+        assert pod["securityContext"]["runAsNonRoot"] is True and "hostPID" not in pod
+        [container] = pod["containers"]
+        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+        # One listening port, the metrics, on the node's address (not every interface), one pod per machine.
+        assert container["ports"] == [{"name": "metrics", "containerPort": addon.METRICS_PORT,
+                                       "hostPort": addon.METRICS_PORT}]
+        assert {"name": addon.METRICS_ADDRESS_ENV,
+                "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}} in container["env"]
+        assert spec["replicas"] == 2
+        assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+
+
+def test_cloud_gpu_pools_ship_the_cloud_client_and_the_pools_groups():
+    from corral.health import cloud_api
+    from corral.manifests import node_approver
+
+    heron = cluster("heron")
+    data = objects("heron")[("ConfigMap", "corral-repair/corral-repair")]["data"]
+    assert data["cloud_api.py"] == open(cloud_api.__file__).read()
+    config = json.loads(data["config.json"])
+    assert config["cloud"] == "aws"
+    for pool in (p for p in heron.node_pools if p.gpu):
+        assert config["pools"][pool.name] == {"provider": "aws", "groups": node_approver.cloud_groups(heron, pool)}
+    assert config["pools"]["gpu-a10g"]["groups"][0]["name"] == "heron-gpu-a10g"
+
+
+def test_cloud_gpu_pools_namespace_enforces_privileged_and_audits_restricted():
+    version = f"v{cluster('heron').kubernetes.minor}"
+    labels = objects("heron")[("Namespace", "/corral-repair")]["metadata"]["labels"]
+    assert {k: v for k, v in labels.items() if k.startswith(PSA)} == {
+        f"{PSA}/enforce": "privileged", f"{PSA}/enforce-version": version,
+        f"{PSA}/audit": "restricted", f"{PSA}/audit-version": version,
+        f"{PSA}/warn": "restricted", f"{PSA}/warn-version": version}
+
+
+def test_the_placement_policy_admits_its_pods_onto_the_api_servers_only_where_it_runs_there():
+    """The cluster's own ValidatingAdmissionPolicy, evaluated as the API server does
+    (tests/manifests/test_cluster_policy.py): heron exempts corral-repair, so its host-network pod
+    with the control-plane toleration is admitted; jaguar does not, so the same pod is refused there."""
+    from tests.manifests.test_cluster_policy import admit
+
+    heron, jaguar = cluster("heron"), cluster("jaguar")
+    pod = objects("heron")[("Deployment", "corral-repair/corral-repair")]["spec"]["template"]["spec"]
+    assert admit(heron, "corral-repair", pod) == (True, [])
+    allowed, messages = admit(jaguar, "corral-repair", pod)
+    assert not allowed and any(CONTROL_PLANE in m for m in messages)
+    # The exemption is the namespace's: the same pod in `default` is still refused on heron.
+    assert not admit(heron, "default", pod)[0]
