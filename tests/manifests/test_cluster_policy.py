@@ -292,7 +292,7 @@ def test_every_namespace_has_a_level_and_privileged_only_where_node_agents_need_
         level = labels[f"{PSA}/enforce"]
         if f"{PSA}/enforce-version" in labels or ns != policy.FLANNEL_NAMESPACE:
             assert labels[f"{PSA}/enforce-version"] == f"v{cluster.kubernetes.minor}", ns
-        assert (level == "privileged") == (ns in policy.PRIVILEGED_NAMESPACES), ns
+        assert (level == "privileged") == (ns in policy.privileged_namespaces(cluster)), ns
         if level == "privileged" and ns != "kube-system":  # kube-system: kube-proxy, static pods
             needing = [object_key(w) for w in workloads if w["metadata"]["namespace"] == ns
                        and baseline_violations(w["spec"]["template"]["spec"])]
