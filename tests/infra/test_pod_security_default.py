@@ -80,5 +80,5 @@ def test_an_unlabelled_namespace_enforces_baseline_and_corrals_own_keep_their_le
     for name, labels in rendered.items():
         assert f"{policy.PSA_PREFIX}/enforce" in labels or name in POD_SECURITY_EXEMPT_NAMESPACES, name
     # The namespaces whose pods need privileges are privileged by their rendered labels, or exempt.
-    for namespace in policy.PRIVILEGED_NAMESPACES:
+    for namespace in policy.privileged_namespaces(cluster):
         assert effective_enforce(rendered.get(namespace, {}), config, namespace) in (None, "privileged"), namespace
