@@ -132,6 +132,11 @@ def test_pool_resize_touches_only_the_group_and_the_autoscaler(plans, name):
         volumes = [e for e in change.changes if "volumeClaimTemplates" in e.path]
         assert all(e.effect == "replace" for e in volumes)
     found = [c for c in found if c not in monitoring]
+    # Kueue's quotas follow the GPU pools' sizes (corral/model/kueue.py): a resized GPU pool
+    # updates its ClusterQueues' nominal quota in place.
+    kueue = [c for c in found if c.name == f"{name}-addons-kueue"]
+    assert all(e.effect == "update" for c in kueue for e in c.changes)
+    found = [c for c in found if c not in kueue]
     # The cluster-autoscaler add-on carries every pool's bounds (--nodes).
     autoscaler = [c for c in found if c.type == "kubernetes:yaml:ConfigGroup"]
     assert [c.name for c in autoscaler] == [f"{name}-addons-cluster-autoscaler"]
