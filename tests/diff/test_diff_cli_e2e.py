@@ -54,7 +54,9 @@ def test_one_pool_change_updates_its_group_and_the_autoscaler(repo):
     assert "pool gpu-a10g resized: 0-80 → 0-120 nodes" in done.stdout
     # The monitoring add-on is sized from the capacity: 460 nodes need bigger
     # Prometheus volumes, which a StatefulSet cannot take in place.
-    assert "plan: 2 to update, 1 to replace" in done.stdout
+    # Kueue's shared queue holds the pool's GPUs: its quota follows (320 -> 480 A10Gs).
+    assert "plan: 3 to update, 1 to replace" in done.stdout
+    assert "nominalQuota: 320 → 480 (update)" in done.stdout
     assert "volumeClaimTemplates[0].spec.resources.requests.storage: 256Gi → 512Gi (replace)" in done.stdout
     assert "~ aws:autoscaling:Group heron-gpu-a10g: maxSize: 80 → 120 (update)" in done.stdout
     assert "~ kubernetes:yaml:ConfigGroup heron-addons-cluster-autoscaler" in done.stdout
