@@ -144,6 +144,13 @@ def resource_flavor(cluster: Cluster, flavor: FlavorQuota) -> dict:
         node_labels[policy.TEAM_NODE_LABEL] = flavor.team
         tolerations.append({"key": TEAM_TAINT_KEY, "operator": "Equal", "value": flavor.team,
                             "effect": "NoSchedule"})
+    # The pools' own taints (a spot pool's, say): the flavor's nodes are those pools, and a pod
+    # Kueue sends there must tolerate them or it would wait until waitForPodsReady evicts it.
+    for pool_name in flavor.pools:
+        for taint in cluster.pool(pool_name).taints:
+            toleration = {"key": taint.key, "operator": "Equal", "value": taint.value, "effect": taint.effect}
+            if toleration not in tolerations:
+                tolerations.append(toleration)
     spec: dict = {"nodeLabels": node_labels, "tolerations": tolerations}
     topology = flavor_topology(cluster, flavor)
     if topology is not None:

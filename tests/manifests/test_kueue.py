@@ -234,3 +234,14 @@ def test_the_global_prometheus_scrapes_kueue_only_where_it_runs():
     assert job["static_configs"] == [{"targets": ["kueue-controller-manager-metrics-service.kueue-system.svc:8443"]}]
     assert job["scheme"] == "https" and job["authorization"]["credentials_file"].endswith("/token")
     assert kueue_jobs(_without_kueue("ibis")) == []
+
+
+def test_a_flavor_tolerates_its_pools_own_taints():
+    # ibis's A100 pool is tainted corral.dev/preemptible=true:NoSchedule (spot machines):
+    # without the toleration Kueue's pods for that flavor could never start there.
+    ibis = FLEET.clusters["ibis"]
+    flavor = next(f for f in of_kind(kueue_objects(ibis), "ResourceFlavor").values()
+                  if f["spec"]["nodeLabels"]["corral.dev/gpu-model"] == "A100")
+    assert {"key": "corral.dev/preemptible", "operator": "Equal", "value": "true", "effect": "NoSchedule"} in \
+        flavor["spec"]["tolerations"]
+    assert validate_kueue_object(flavor) == []
