@@ -442,6 +442,8 @@ def test_adding_a_gpu_pool_taint_changes_the_gpu_agents_and_team_whitelists(tmp_
         # The pool is a RoCE pool: its RDMA device plugin tolerates the taint too.
         "DaemonSet/kube-system/rdma-shared-dp-roce",
         "Namespace/robotics",
+        # The pool's Kueue flavor tolerates its taints, so Kueue's pods can start there.
+        "ResourceFlavor/h100",
     }
 
 
