@@ -75,7 +75,10 @@ def account() -> dict:
     state["aws"]["instance_types"].update({"m7i.2xlarge": 8, "r7i.xlarge": 4})
     state["gcloud"]["machine_types"].update({"n2-standard-8": 8, "c3-highmem-4": 4})
     state["az"]["skus"].update({"Standard_D8s_v5": {"family": "standardDSv5Family", "vCPUs": 8},
-                                "Standard_E8s_v5": {"family": "standardESv5Family", "vCPUs": 8}})
+                                "Standard_E8s_v5": {"family": "standardESv5Family", "vCPUs": 8},
+                                # the Azure guide's GPU pool: 24 vCPUs, 1x A100 (quota family as `az vm list-skus` names it)
+                                "Standard_NC24ads_A100_v4": {"family": "standardNCADSA100v4Family", "vCPUs": 24}})
+    state["az"]["usage"]["standardNCADSA100v4Family"] = 96
     state["ping"]["answer"] = ["44.193.10.20"]       # the site's VPN gateway answers
     return state
 
@@ -336,10 +339,12 @@ CLOUD_GUIDES = [
                "gs://acme-corral-pulumi-state",
                lambda cloud, image: "projects/corral-lark/global/images/family/corral-gpu-node" == image
                and image in cloud["gcloud"]["images"], warnings={"cloud.permissions"}),
-    # Azure machines boot the Marketplace image (no image of the reader's to check), which has no
-    # NVIDIA driver: an Azure cluster's GPUs are on-prem (the guide says so), no GPU job here.
-    CloudGuide("azure.md", "lemur", "azure", "eastus2", [("cpu", 0)], None,
-               "azblob://corral-state?storage_account=acmecorralstate", None),
+    # Azure machines boot the managed image Packer's azure-arm build made (by its ARM id).
+    CloudGuide("azure.md", "lemur", "azure", "eastus2", [("cpu", 0), ("gpu-a100", 1)], "gpu-a100",
+               "azblob://corral-state?storage_account=acmecorralstate",
+               lambda cloud, image: image.endswith("/resourceGroups/corral-images/providers/Microsoft.Compute/images/"
+                                                   "corral-gpu-node-k8s-1-31-4-nvidia-550-127-05")
+               and image in cloud["az"]["resources"]),
 ]
 
 
@@ -362,6 +367,19 @@ def test_a_cloud_guide_runs_from_an_empty_account_to_a_gpu_job(reader, case):
     check_cloud_guide(reader, case)
 
 
+def azure_boot_images(cluster, clusters: Path) -> dict[str, str]:
+    """VM or scale set -> the image id it boots, in the plan `pulumi up` ran (plan_stack, as the fake does)."""
+    from corral.infra.plan import plan_stack
+
+    machines = {}
+    for resource in plan_stack(cluster, clusters).resources:
+        profile = resource["inputs"].get("virtualMachineProfile", resource["inputs"])
+        if resource["type"] in ("azure-native:compute:VirtualMachine", "azure-native:compute:VirtualMachineScaleSet"):
+            machines[resource["name"]] = profile["storageProfile"]["imageReference"].get("id")
+    assert any(name.startswith(f"{cluster.name}-gpu-a100") for name in machines), machines
+    return machines
+
+
 def check_cloud_guide(reader: Reader, case: CloudGuide) -> None:
     project, name = reader.project, case.cluster
 
@@ -376,6 +394,9 @@ def check_cloud_guide(reader: Reader, case: CloudGuide) -> None:
         image = stack["corral:nodeImage"]
         assert stack["corral:gpuNodeImage"] == image and case.booted_image_known(reader.cloud(), image), \
             "the image the stack boots is the one Packer built"
+        if case.cloud == "azure":
+            assert set(azure_boot_images(cluster, project / "clusters").values()) == {image}, \
+                "every VM and scale set boots the image Packer built (not the Marketplace image)"
 
     # doctor: nothing to fix, every check it makes ran, read-only (the fakes refuse any write)
     verdict = json.loads(reader.corral("doctor", name, "-o", "json").stdout)
