@@ -869,8 +869,8 @@ class Remediation(Spec):
     )
     cloud: Literal["replace", "none"] = Field(
         "replace",
-        description="Cloud: replace (delete the instance so its group replaces it) or none (only report); "
-        "default replace.",
+        description="Cloud: replace (delete the instance so its group replaces it) or none (only report; the repair "
+        "controller then replaces nothing either: rma after a failed reboot); default replace.",
     )
     # Never more than this share of a pool's nodes out at once (at least one node).
     max_unavailable_percent: int = Field(
