@@ -278,11 +278,14 @@ API_SERVER_ADDON_NAMESPACES = (REPAIR_NAMESPACE,)
 
 
 def repair_on_api_servers(cluster: Cluster) -> bool:
-    """The repair controller runs (`health.autoRepair.enabled`) and some GPU pool is a cloud's (the
-    control plane's cloud: schema.ControlPlane.cloud), whose instances it replaces with the API
-    servers' identity."""
+    """The repair controller runs (`health.autoRepair.enabled`), some GPU pool is a cloud's (the
+    control plane's cloud: schema.ControlPlane.cloud), and the cluster file lets it replace their
+    instances (`health.remediation.cloud: replace`), which it does with the API servers' identity.
+    With `cloud: none` it replaces nothing (a cloud node's ladder ends at rma after a failed reboot,
+    as an on-prem node's), so it needs no cloud identity and stays off the API servers, restricted."""
     gpu = gpu_pools(cluster)
-    return cluster.health.auto_repair.enabled and any(pool.provider != "onprem" for pool in gpu)
+    return (cluster.health.auto_repair.enabled and cluster.health.remediation.cloud == "replace"
+            and any(pool.provider != "onprem" for pool in gpu))
 
 
 def system_namespaces(cluster: Cluster) -> tuple[str, ...]:

@@ -16,7 +16,8 @@ Least privilege (what controller.py calls, nothing more):
 Where it runs depends on the GPU pools (policy.repair_on_api_servers):
 - on-prem only: off the GPU nodes (policy.off_gpu_affinity, as the monitoring stack), under Pod
   Security `restricted`, no host network, `cloud` None: a node that a reboot did not fix goes to RMA.
-- a cloud GPU pool: replacing its instances needs the API servers' cloud identity, which only a pod
+- a cloud GPU pool, `health.remediation.cloud: replace` (the default; with `none` the controller
+  replaces nothing, so it runs as on-prem only, above): replacing its instances needs the API servers' cloud identity, which only a pod
   on an API server's host network reaches (api_server_host.py, as the node approver and
   cluster-autoscaler). The replicas run there, cloud_api.py ships beside the controller, `cloud` is
   the control plane's, and each pool's groups are the node approver's (cloud_groups), so

@@ -6,6 +6,8 @@ import pulumi
 import pulumi_aws as aws
 
 from corral.infra.platform import ClusterContext
+from corral.manifests.policy import repair_on_api_servers
+from corral.manifests.repair_metrics import METRICS_PORT as REPAIR_METRICS_PORT
 from corral.model.layout import API_PORT
 
 from .common import check_region, tags
@@ -37,6 +39,10 @@ class Network(pulumi.ComponentResource):
     - etcd (members): 2379-2380/tcp from the etcd and api groups only;
       9100/tcp (the members' node-exporter) from the api group only: the
       global Prometheus, which scrapes it, runs only on the API servers.
+    - api, when the repair controller runs on the API servers' host network
+      (policy.repair_on_api_servers): its metrics port 9402/tcp from the api
+      group only, so the global Prometheus reaches every replica, the leader
+      wherever it runs.
     - nodes (cloud pools): 10250/tcp (kubelet), 9100/tcp (node-exporter)
       and flannel's UDP port from the node subnets, the sites and the api
       group; with flannel direct routing all traffic from the pod network
@@ -243,6 +249,14 @@ class Network(pulumi.ComponentResource):
         # server's address (flannel --ip-masq). No other node or site reaches it.
         allow(etcd, rn("etcd", "node-exporter", "api"), "tcp", node_exporter,
               "node-exporter of etcd members from API servers (the global Prometheus)", source=api)
+        # The repair controller's /metrics (corral/manifests/repair.py), bound to each API server's
+        # own address, for the global Prometheus on another API server (its packets leave with that
+        # server's address, flannel --ip-masq): without it only the replica on the scraper's own
+        # machine is seen, and GPURepairCircuitBreakerOpen can miss the leader.
+        if repair_on_api_servers(cluster):
+            repair_metrics = (REPAIR_METRICS_PORT, REPAIR_METRICS_PORT)
+            allow(api, rn("api", "repair-metrics", "api"), "tcp", repair_metrics,
+                  "repair controller metrics from API servers (the global Prometheus)", source=api)
         if cluster.network.flannel.direct_routing:
             allow(node, rn("nodes", "pods"), "-1", None, "flannel direct routing: pod traffic between hosts of a subnet",
                   cidr=cluster.kubernetes.pod_cidr)

@@ -9,6 +9,8 @@ import pulumi_azure_native as azure
 import pulumi_tls as tls
 
 from corral.infra.platform import ClusterContext
+from corral.manifests.policy import repair_on_api_servers
+from corral.manifests.repair_metrics import METRICS_PORT as REPAIR_METRICS_PORT
 from corral.model.layout import API_PORT
 
 from .common import ADMIN_USERNAME, check_location, location, subscription_of, tags
@@ -82,7 +84,10 @@ class Network(pulumi.ComponentResource):
       load balancer's health probes; 2379-2380/tcp only from etcd members and
       API servers (their layout addresses) to etcd members; 9100/tcp (the
       members' node-exporter) from the API servers only (the global
-      Prometheus runs only there) to etcd members; the node rules
+      Prometheus runs only there) to etcd members; 9402/tcp (the repair
+      controller's metrics, when it runs on the API servers' host network:
+      policy.repair_on_api_servers) from the API servers to the API servers
+      only; the node rules
       below to the API servers (kubeadm makes them nodes running flannel).
     - nodes (on node subnets): 10250/tcp (kubelet) and 9100/tcp
       (node-exporter) from the node subnets, the sites and the API servers;
@@ -188,6 +193,13 @@ class Network(pulumi.ComponentResource):
             # its packets leave with the API server's address (flannel --ip-masq).
             _rule("allow-etcd-node-exporter", 130, "Tcp", api_hosts, etcd_hosts, str(NODE_EXPORTER_PORT),
                   description="node-exporter of etcd members (snapshot metrics) from the API servers"),
+            # The repair controller's /metrics (corral/manifests/repair.py), bound to each API
+            # server's own address, for the global Prometheus on another API server: without it only
+            # the replica on the scraper's machine is seen, and GPURepairCircuitBreakerOpen can miss
+            # the leader.
+            *([_rule("allow-repair-metrics", 140, "Tcp", api_hosts, api_hosts, str(REPAIR_METRICS_PORT),
+                     description="repair controller metrics from the API servers (the global Prometheus)")]
+              if repair_on_api_servers(cluster) else []),
             *node_rules(200, api_hosts),
             icmp,
             *_deny_rest(),

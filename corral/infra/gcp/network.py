@@ -6,6 +6,8 @@ import pulumi
 import pulumi_gcp as gcp
 
 from corral.infra.platform import ClusterContext
+from corral.manifests.policy import repair_on_api_servers
+from corral.manifests.repair_metrics import METRICS_PORT as REPAIR_METRICS_PORT
 from corral.model.layout import API_PORT
 from corral.model.mtu import CLOUD_PATHS, FLANNEL_OVERHEAD
 
@@ -73,6 +75,9 @@ class Network(pulumi.ComponentResource):
     - `<c>-etcd-node-exporter`: 9100/tcp (the members' node-exporter) from tag
       `apiserver` only (the global Prometheus runs only on the API servers),
       to tag `etcd`.
+    - `<c>-repair-metrics`, when the repair controller runs on the API servers' host
+      network (policy.repair_on_api_servers): 9402/tcp (its metrics) from tag
+      `apiserver` only, to tag `apiserver`.
     - `<c>-overlay`: 10250/tcp (kubelet), 9100/tcp (node-exporter) and
       flannel's UDP port from the node subnets, the sites and tag `apiserver` (kubectl logs/exec; API servers
       reach webhook pods over the overlay), to tags `node` and `apiserver`.
@@ -232,6 +237,19 @@ class Network(pulumi.ComponentResource):
                 source_ranges=_unique([self.cidr, *site_cidrs]),
             ),
         }
+
+        # The repair controller's /metrics (corral/manifests/repair.py), bound to each API server's
+        # own address, for the global Prometheus on another API server (its packets leave with that
+        # server's address, flannel --ip-masq): without it only the replica on the scraper's own
+        # machine is seen, and GPURepairCircuitBreakerOpen can miss the leader.
+        if repair_on_api_servers(cluster):
+            self.firewalls["repair-metrics"] = firewall(
+                "repair-metrics",
+                "repair controller metrics from the API servers (the global Prometheus)",
+                [{"protocol": "tcp", "ports": [str(REPAIR_METRICS_PORT)]}],
+                source_tags=[TAG_APISERVER],
+                target_tags=[TAG_APISERVER],
+            )
 
         self.register_outputs({
             "vpc_id": self.vpc_id,

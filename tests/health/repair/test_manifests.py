@@ -192,3 +192,50 @@ def test_the_placement_policy_admits_its_pods_onto_the_api_servers_only_where_it
     assert not allowed and any(CONTROL_PLANE in m for m in messages)
     # The exemption is the namespace's: the same pod in `default` is still refused on heron.
     assert not admit(heron, "default", pod)[0]
+
+
+# --- `health.remediation.cloud: none`: the controller replaces nothing (issue 27 item 2, review) -----
+
+
+def heron_without_cloud_remediation():
+    """heron (AWS GPU pools), its file saying cloud nodes are only reported, never replaced."""
+    from ruamel.yaml import YAML
+
+    from corral.model import Cluster
+    from tests.health.conftest import ROOT
+
+    data = YAML(typ="safe").load((ROOT / "clusters" / "heron.yaml").read_text())
+    data.setdefault("health", {}).setdefault("remediation", {})["cloud"] = "none"
+    return Cluster.model_validate(data)
+
+
+def test_cloud_none_keeps_it_restricted_off_the_api_servers_with_no_cloud_identity():
+    """`remediation.cloud: none` (schema.Remediation.cloud) holds for the controller too: no replace
+    rung (a cloud node goes from a failed reboot to rma, as on-prem), so no cloud client, no pool
+    groups, no host network or control-plane toleration, and its namespace stays `restricted`."""
+    c = heron_without_cloud_remediation()
+    assert addon.wanted(c)
+    got = {(o["kind"], o["metadata"].get("namespace", "") + "/" + o["metadata"]["name"]): o
+           for o in addon.objects(c, lambda files: "hash")}
+    pod = got[("Deployment", "corral-repair/corral-repair")]["spec"]["template"]["spec"]
+    assert "hostNetwork" not in pod and "tolerations" not in pod
+    assert pod["containers"][0]["ports"] == [{"name": "metrics", "containerPort": addon.METRICS_PORT}]
+    data = got[("ConfigMap", "corral-repair/corral-repair")]["data"]
+    config = json.loads(data["config.json"])
+    assert "cloud_api.py" not in data and config["cloud"] is None
+    assert config["pools"] == {name: {"provider": "aws"} for name in ("gpu-a10g", "gpu-a10g-inference")}
+    labels = got[("Namespace", "/corral-repair")]["metadata"]["labels"]
+    assert {labels[f"{PSA}/{mode}"] for mode in ("enforce", "audit", "warn")} == {"restricted"}
+
+
+def test_cloud_none_leaves_the_namespace_to_the_placement_policy():
+    """Not exempt either: the host-network pod heron's controller runs as is refused in corral-repair."""
+    from corral.manifests import policy
+    from tests.manifests.test_cluster_policy import admit
+
+    c = heron_without_cloud_remediation()
+    assert "corral-repair" not in policy.system_namespaces(c)
+    assert "corral-repair" not in policy.privileged_namespaces(c)
+    pod = objects("heron")[("Deployment", "corral-repair/corral-repair")]["spec"]["template"]["spec"]
+    allowed, messages = admit(c, "corral-repair", pod)
+    assert not allowed and any(CONTROL_PLANE in m for m in messages)
