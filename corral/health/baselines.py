@@ -1,50 +1,8 @@
-"""The one table of all-reduce baselines a burn-in holds a node to (issue 27, item 3;
-docs/gpu-health.md, "Burn-in before readmission").
-
-A baseline is the bus bandwidth (nccl-tests' busbw, GB/s) of a one-node all_reduce_perf at 1 GiB on
-every GPU of the node, as a vendor or cloud published it for that GPU model and GPU count. busbw is
-nccl-tests' own hardware-comparable figure: algbw * 2(n-1)/n for an all-reduce (NVIDIA/nccl-tests
-doc/PERFORMANCE.md, "AllReduce"), so for one GPU there is nothing to measure.
-
-Only published figures are here. A model or GPU count without one has no row: its burn-in then needs
-an explicit `health.burnIn.ncclMinBusGBps` for the model, and fails, saying so, until it has one.
-"""
+"""The all-reduce baselines a burn-in holds a node to: the table is corral/model/nccl_baselines.py
+(the model layer, so that a cluster file naming a GPU pool without one fails at load, not at burn-in)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from corral.model.nccl_baselines import BASELINES, MESSAGE_BYTES, Baseline, baseline
 
-# The size the baselines were read at, and the agent's all_reduce_perf runs at (addon.py):
-# nccl-tests README, "Arguments": -b/--minbytes, -e/--maxbytes, -g/--ngpus (GPUs per thread).
-MESSAGE_BYTES = "1G"
-
-
-@dataclass(frozen=True)
-class Baseline:
-    gpu_model: str          # corral/model/gpu_catalog.py's name
-    gpus: int               # GPUs in the one-node run
-    bus_gbps: float         # busbw at 1 GiB, GB/s
-    source: str             # where the figure is published
-    conditions: str         # what it was measured on, so a reader can judge how far it carries
-
-
-_AZURE = "Azure/AI-benchmarking-guide"
-BASELINES: tuple[Baseline, ...] = (
-    Baseline("H100", 8, 466.35, f"{_AZURE}, Azure Results/ND_H100_v5_results.md, NCCL Bandwidth, 1G row",
-             "ND H100 v5: 8 x H100 80GB HBM3 SXM on NVSwitch, NCCL 2.18.5, NVLS algorithm, in-place"),
-    Baseline("H200", 8, 467.58, f"{_AZURE}, Azure_Results/ND_H200_v5_results.md, NCCL Bandwidth, 1G row",
-             "ND H200 v5: 8 x H200 141GB SXM on NVSwitch, NCCL 2.20.5, NVLS algorithm, in-place"),
-    Baseline("A100", 8, 228.10, f"{_AZURE}, Azure_Results/ND_A100_v4_results.md, NCCL Bandwidth, 1G row",
-             "ND A100 v4: 8 x A100-SXM4-80GB on NVSwitch, NCCL 2.18.5, in-place; applied to the 40 GB SXM4 "
-             "part too, which the GPU catalog names the same (A100)"),
-    Baseline("GB200", 4, 646.87, f"{_AZURE}, Azure_Results/ND_GB200_v6_results.md, NCCL Bandwidth, 1G row",
-             "ND GB200 v6: the 4 GB200 GPUs of one tray, NCCL 2.25.1, Ring algorithm, in-place"),
-)
-# No published one-node nccl-tests figure was found for the catalog's other models (B200 was searched
-# for; GH200 has one GPU a node; the others are PCIe cards whose bandwidth depends on the server's PCIe
-# topology), nor for other GPU counts of the models above: no row, so an explicit minimum is needed.
-
-
-def baseline(gpu_model: str, gpus: int) -> Baseline | None:
-    """The published baseline for `gpus` GPUs of `gpu_model` in one node, or None."""
-    return next((b for b in BASELINES if b.gpu_model == gpu_model and b.gpus == gpus), None)
+__all__ = ["BASELINES", "MESSAGE_BYTES", "Baseline", "baseline"]
