@@ -459,7 +459,9 @@ def burn_in_verdict(diag: tuple[int, str] | None, nccl: tuple[int, str] | None, 
         nccl_ok, nccl_detail = True, "one GPU: no all-reduce"
     else:
         bus, why = nccl_bus_bandwidth(nccl)
-        required = explicit if explicit else (baseline * min_percent / 100 if baseline else None)
+        # An explicit minimum wins, 0 included (the cluster file's "no floor: only a clean run").
+        explicit = None if explicit is None else float(explicit)
+        required = explicit if explicit is not None else (baseline * min_percent / 100 if baseline else None)
         if baseline:
             percent = round(bus / baseline * 100, 1) if bus is not None else None
         if required is None:
@@ -469,8 +471,10 @@ def burn_in_verdict(diag: tuple[int, str] | None, nccl: tuple[int, str] | None, 
             nccl_detail = why
         else:
             # One comparison decides, in the units the rule is written in (no rounding in it).
-            nccl_ok = bus >= explicit if explicit else bus * 100 >= min_percent * baseline
-            if explicit:
+            nccl_ok = bus >= explicit if explicit is not None else bus * 100 >= min_percent * baseline
+            if explicit == 0:
+                nccl_detail = f"{bus:g} GB/s, completed (ncclMinBusGBps 0: no bandwidth floor)"
+            elif explicit is not None:
                 nccl_detail = f"{bus:g} GB/s, needs {explicit:g} GB/s (ncclMinBusGBps)"
             else:
                 nccl_detail = (f"{bus:g} GB/s, {bus / baseline * 100:.1f}% of the {model} baseline {baseline:g} "

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from corral.health import addon, baselines, classify
 from corral.health.repair_protocol import BURN_IN_ANNOTATION, BURN_IN_TAINT, JOIN_BURN_IN_ID
 from corral.model.gpu_catalog import GPU_MODELS
+from corral.model.document import ValidationFailed
 from corral.model.loader import load_cluster
 from corral.model.schema import PREFLIGHT_TAINT_KEY, UNHEALTHY_TAINT_KEY
 
@@ -87,6 +88,79 @@ def test_bad_burn_in_settings_are_refused_naming_the_field(tmp_path, lines, word
     with pytest.raises(Exception) as refused:
         load_cluster(write_cluster(tmp_path, lines))
     assert words in str(refused.value) and "burnIn" in str(refused.value)
+
+
+# --- a GPU model without a published baseline: a cluster-file error, not a burn-in that never passes ---
+
+NO_BASELINE = ("health.burnIn.ncclMinBusGBps.A10G: no published all-reduce baseline for 4 x A10G (pool gpu-a10g) "
+               "or 8 x A10G (pool gpu-a10g-inference): run all_reduce_perf on a known-good node and set 90% of "
+               "its bus bandwidth here, or 0 to require only that the run completes")
+
+
+def heron_with(tmp_path, health: str):
+    """heron's file with its own health block replaced by `health` (YAML lines, or "")."""
+    text = (ROOT / "clusters" / "heron.yaml").read_text()
+    path = tmp_path / "heron.yaml"
+    start, end = text.index("\nhealth:\n") + 1, text.index("\nnodePools:\n") + 1
+    path.write_text(text[:start] + health + "\n" + text[end:])
+    return path
+
+
+def test_a_multi_gpu_pool_without_a_baseline_is_a_cluster_file_error(tmp_path):
+    path = heron_with(tmp_path, "health:\n  burnIn:\n    dcgmLevel: 2\n")
+    with pytest.raises(ValidationFailed) as refused:
+        load_cluster(path)
+    [problem] = refused.value.problems
+    # File, line (the burnIn mapping that lacks the field) and field, in one line a reviewer can act on.
+    assert (problem.file, problem.line) == (str(path), path.read_text().splitlines().index("  burnIn:") + 1)
+    assert f"{problem.field_path}: {problem.message}" == NO_BASELINE
+
+
+@pytest.mark.parametrize("health", [
+    "health:\n  burnIn:\n    ncclMinBusGBps: {A10G: 0}\n",       # no floor: the run must complete
+    "health:\n  burnIn:\n    ncclMinBusGBps: {A10G: 40}\n",
+    "health:\n  burnIn:\n    enabled: false\n",                   # no burn-in, no baseline needed
+])
+def test_a_minimum_or_no_burn_in_needs_no_baseline(tmp_path, health):
+    load_cluster(heron_with(tmp_path, health))
+
+
+def test_one_gpu_pools_need_no_baseline(tmp_path):
+    text = heron_with(tmp_path, "").read_text()
+    for machine, gpus in (("g5.12xlarge", 4), ("g5.48xlarge", 8)):     # each to g5.8xlarge: one A10G
+        text = text.replace(f"machineType: {machine}", "machineType: g5.8xlarge").replace(
+            f"count: {gpus}}}", "count: 1}")
+    (tmp_path / "heron.yaml").write_text(text)
+    load_cluster(tmp_path / "heron.yaml")
+
+
+def test_the_example_clusters_set_a_zero_floor_for_their_unpublished_models():
+    heron, ibis = load_cluster(ROOT / "clusters" / "heron.yaml"), load_cluster(ROOT / "clusters" / "ibis.yaml")
+    assert heron.health.burn_in.nccl_min_bus_gbps == {"A10G": 0} and ibis.health.burn_in.nccl_min_bus_gbps == {"L4": 0}
+    # The agent gets the 0 (not "no minimum"): its verdict then asks only for a clean run.
+    assert {p["burn_in"]["min_bus_gbps"] for p in addon.agent_config(heron)["pools"].values()} == {0}
+
+
+def test_a_negative_minimum_is_refused(tmp_path):
+    with pytest.raises(ValidationFailed) as refused:
+        load_cluster(heron_with(tmp_path, "health:\n  burnIn:\n    ncclMinBusGBps: {A10G: -1}\n"))
+    assert "0 (no floor) up to 10,000 GB/s" in str(refused.value.problems[0].message)
+
+
+A10G_NO_FLOOR = {"gpu_model": "A10G", "gpu_count": 4, "burn_in": {"baseline_gbps": None, "min_bus_gbps": 0}}
+
+
+@pytest.mark.parametrize(("diag", "nccl", "result", "detail"), [
+    ((0, dcgm_report()), (0, nccl_output(0.5)), "passed", "0.5 GB/s, completed (ncclMinBusGBps 0: no bandwidth floor)"),
+    ((0, dcgm_report()), (1, "NCCL WARN Cuda failure"), "failed", "all_reduce_perf exit 1"),
+    ((0, dcgm_report()), (0, nccl_output(30.0, wrong=3)), "failed", "3 wrong values"),
+    ((0, dcgm_report()), (0, "garbage\n"), "failed", "no result summary"),
+    ((0, dcgm_report()), None, "failed", "all_reduce_perf is not installed on the host"),
+    ((226, dcgm_report(fail_gpu=1)), (0, nccl_output(30.0)), "failed", "Memory on GPU 1"),
+])
+def test_a_zero_floor_requires_only_a_clean_run(diag, nccl, result, detail):
+    verdict = classify.burn_in_verdict(diag, nccl, A10G_NO_FLOOR, 3, 90.0)
+    assert verdict["result"] == result and detail in verdict["detail"], verdict
 
 
 # --- the verdict -------------------------------------------------------------------
