@@ -18,6 +18,8 @@ from .gpu_catalog import (
     CLOUD_NAMES, GCP_ATTACHABLE, GPU_FAMILIES, closest_machine_type, gpu_machine, looks_like_gpu_machine,
 )
 from .mtu import flannel_mtu_limit
+from .namespaces import reserved_namespace
+from .nccl_baselines import baseline
 from .regions import region_error, zone_error
 from .vm_disk_limits import vm_disk_caps
 from .schema import (
@@ -75,6 +77,7 @@ def check_cluster(cluster: Cluster, data: Mapping | None = None) -> list[Finding
         *_rdma_resources(cluster),
         *_host_addresses(cluster),
         *_host_racks(cluster),
+        *_burn_in_baselines(cluster),
     ]
 
 
@@ -474,6 +477,13 @@ def _teams(cluster: Cluster) -> Iterator[Finding]:
                 )
             reserved_by.setdefault(pool_name, team.name)
         for j, namespace in enumerate(team.namespaces):
+            # A team's namespace gets the team's Pod Security labels and tolerations; an add-on's
+            # (or Kubernetes') would lose its own, or its pods' exemptions (namespaces.py).
+            why = reserved_namespace(namespace)
+            if why:
+                yield (*here, "namespaces", j), (
+                    f"namespace '{namespace}' is {why}; a team's namespaces must be its own"
+                )
             if namespace in namespace_owner:
                 yield (*here, "namespaces", j), (
                     f"namespace '{namespace}' already belongs to team '{namespace_owner[namespace]}'"
@@ -608,3 +618,26 @@ def _fleet_host_addresses(clusters: Mapping[str, Cluster]) -> Iterator[tuple[str
                         )
                         break
                     owner[address] = (name, host)
+
+
+def _burn_in_baselines(cluster: Cluster) -> Iterator[Finding]:
+    """health.burnIn holds a multi-GPU node's all-reduce to its GPU model's published baseline
+    (nccl_baselines.py) or to the file's ncclMinBusGBps: a pool with neither could never pass a burn-in,
+    so its nodes would never be admitted. Said here, before a node boots, once per GPU model."""
+    burn_in = cluster.health.burn_in
+    if not burn_in.enabled:
+        return
+    lacking: dict[str, list[str]] = {}
+    for i, pool in enumerate(cluster.node_pools):
+        gpu = pool.gpu
+        # One GPU: no all-reduce to measure (busbw = algbw * 2(n-1)/n).
+        if gpu is None or gpu.count < 2 or gpu.model in burn_in.nccl_min_bus_gbps or baseline(gpu.model, gpu.count):
+            continue
+        if isinstance(pool, CloudPool) and next(_cloud_gpu(pool, ("nodePools", i)), None):
+            continue    # its gpu block is refused already (_cloud_gpu): the baseline waits for the real model and count
+        lacking.setdefault(gpu.model, []).append(f"{gpu.count} x {gpu.model} (pool {pool.name})")
+    for model, pools in lacking.items():
+        yield ("health", "burnIn", "ncclMinBusGBps", model), (
+            f"no published all-reduce baseline for {' or '.join(pools)}: run all_reduce_perf on a known-good "
+            f"node and set {burn_in.nccl_min_percent_of_baseline:g}% of its bus bandwidth here, or 0 to require "
+            "only that the run completes")
