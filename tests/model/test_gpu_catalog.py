@@ -20,12 +20,20 @@ def heron_pool(machine: str, gpu: str | None) -> str:
     return f"    machineType: {machine}\n    zones: [us-west-2a, us-west-2b]\n" + (f"    gpu: {gpu}\n" if gpu else "")
 
 
-def load(tmp_path, name: str, old: str, new: str):
+def with_floor(text: str, model: str) -> str:
+    """The example with a 0 burn-in floor for `model` as well: a multi-GPU pool of a model without a
+    published all-reduce baseline must name one (health.burnIn.ncclMinBusGBps, docs/gpu-health.md)."""
+    assert "ncclMinBusGBps: {" in text
+    return text.replace("ncclMinBusGBps: {", f"ncclMinBusGBps: {{{model}: 0, ", 1)
+
+
+def load(tmp_path, name: str, old: str, new: str, floor: str | None = None):
     text = example(name)
     assert old in text
     folder = tmp_path / "fleet"
     folder.mkdir()
-    (folder / f"{name}.yaml").write_text(text.replace(old, new, 1))
+    text = text.replace(old, new, 1)
+    (folder / f"{name}.yaml").write_text(with_floor(text, floor) if floor else text)
     return load_fleet([folder]).clusters[name]
 
 
@@ -101,7 +109,8 @@ def test_a_slice_of_an_nvswitch_host_is_filled_without_fabric_manager(tmp_path):
     old = ("    machineType: a2-highgpu-8g\n    zones: [us-central1-a, us-central1-c]\n"
            "    # 8 A100s joined by NVSwitch: the fabric manager must run (docs/gpu-machines.md).\n"
            "    gpu: {model: A100, count: 8, fabricManager: true}\n")
-    cluster = load(tmp_path, "ibis", old, "    machineType: a3-highgpu-2g\n    zones: [us-central1-a, us-central1-c]\n")
+    cluster = load(tmp_path, "ibis", old, "    machineType: a3-highgpu-2g\n    zones: [us-central1-a, us-central1-c]\n",
+                   floor="H100")
     gpu = cluster.pool("gpu-a100").gpu
     assert (gpu.model, gpu.count, gpu.fabric_manager) == ("H100", 2, False)
 
@@ -148,15 +157,17 @@ def test_a_gpu_looking_type_the_catalog_lacks_must_declare_its_gpus(tmp_path):
 
 
 def test_a_gpu_type_the_catalog_lacks_is_trusted_as_declared(tmp_path):
-    assert variant(tmp_path, "heron", HERON_A10G,
-                   heron_pool("p6-b200.48xlarge", "{model: B200, count: 8, fabricManager: true}")) == []
+    text = example("heron").replace(HERON_A10G, heron_pool("p6-b200.48xlarge", "{model: B200, count: 8, "
+                                                             "fabricManager: true}"), 1)
+    assert problems(tmp_path, {"heron.yaml": with_floor(text, "B200")}) == []
 
 
 def test_gcp_n1_takes_attachable_gpus_only(tmp_path):
     old = "    machineType: g2-standard-48\n    gpu: {model: L4, count: 4}\n"
     (tmp_path / "t4").mkdir()
     (tmp_path / "a100").mkdir()
-    assert variant(tmp_path / "t4", "ibis", old, "    machineType: n1-standard-16\n    gpu: {model: T4, count: 4}\n") == []
+    t4 = example("ibis").replace(old, "    machineType: n1-standard-16\n    gpu: {model: T4, count: 4}\n", 1)
+    assert problems(tmp_path / "t4", {"ibis.yaml": with_floor(t4, "T4")}) == []
     found = variant(tmp_path / "a100", "ibis", old,
                     "    machineType: n1-standard-16\n    gpu: {model: A100, count: 4}\n")
     assert len(found) == 1
