@@ -26,8 +26,8 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "clusters"
 # One new pool per example cluster, valid there.
 NEW_POOLS = {
     "jaguar": pool_document(
-        "onprem", "gpu-b200-sf1", site="sf1", hosts=["gpu-[101:116].sf1.internal"],
-        gpu={"model": "B200", "count": 8, "driver": "570.86.15", "fabric_manager": True},
+        "onprem", "gpu-h200-sf1", site="sf1", hosts=["gpu-[101:116].sf1.internal"],
+        gpu={"model": "H200", "count": 8, "driver": "570.86.15", "fabric_manager": True},
         roce={"interfaces": ["ens1f0np0", "ens1f1np1"], "mtu": 9000}, labels={"corral.dev/rack": "r20"},
     ),
     "heron": pool_document(
@@ -85,11 +85,11 @@ def test_new_pool_follows_the_file_style():
     # the driver quoted like the other pools' drivers, host patterns quoted.
     assert tail == (
         "\n"
-        "  - name: gpu-b200-sf1\n"
+        "  - name: gpu-h200-sf1\n"
         "    provider: onprem\n"
         "    site: sf1\n"
         '    hosts: ["gpu-[101:116].sf1.internal"]\n'
-        '    gpu: {model: B200, count: 8, driver: "570.86.15", fabricManager: true}\n'
+        '    gpu: {model: H200, count: 8, driver: "570.86.15", fabricManager: true}\n'
         "    roce: {interfaces: [ens1f0np0, ens1f1np1], mtu: 9000}\n"
         "    labels: {corral.dev/rack: r20}\n"
     )
@@ -128,6 +128,10 @@ scheduling:
     -   name: ml
         namespaces:
         - ml
+health:
+    burnIn:
+        ncclMinBusGBps:
+            L4: 0
 nodePools:
 -   name: cpu
     provider: aws
@@ -213,8 +217,8 @@ def test_remove_refused_while_a_team_reserves_it():
 
 
 def test_reserve_appends_to_flow_list():
-    new = reserve_pool(add_pool(example("jaguar"), NEW_POOLS["jaguar"]), "robotics", "gpu-b200-sf1")
-    assert "reservedPools: [gpu-h100-robotics, gpu-b200-sf1]}" in new
+    new = reserve_pool(add_pool(example("jaguar"), NEW_POOLS["jaguar"]), "robotics", "gpu-h200-sf1")
+    assert "reservedPools: [gpu-h100-robotics, gpu-h200-sf1]}" in new
     with pytest.raises(EditError, match="no team 'nobody'.*teams: robotics"):
         reserve_pool(example("jaguar"), "nobody", "gpu-h100-sf1")
 
