@@ -201,6 +201,77 @@ def after_reset(state: dict | None, boot_id: str, reset_pcis: list[str], usec: i
     return {"boot_id": boot_id, "faults": kept, "resets": resets}
 
 
+# Hold-down of device faults (a RoCE port, an NVLink, nvidia-smi's ECC and GPU count: states read every
+# round, so a link that goes down 20 s of every minute would be tainted and lifted at every flap, and the
+# repair controller, which waits for a taint to stand settle_seconds (30), would never repair it).
+# - HOLD_DOWN_SECONDS: once such a fault cleared, the taint stays this long before it is lifted. The
+#   kubelet does the same for its pressure conditions against "oscillation of node conditions":
+#   --eviction-pressure-transition-period, "the duration for which the kubelet has to wait before
+#   transitioning out of an eviction pressure condition", default 5m (kubernetes/website
+#   docs/tasks/administer-cluster/out-of-resource.md; kubelet eviction Config.PressureTransitionPeriod,
+#   kubernetes/kubernetes PR 25772). Five minutes is also far above the controller's 30 s settle time,
+#   so a fault that comes back within it is one steady taint the controller repairs.
+# - FLAP_ONSETS in FLAP_WINDOW_SECONDS: a fault that came back this often is flapping, and keeps the
+#   node tainted (message "flapping: N faults in M minutes") until a repair, however long it stays away
+#   between flaps: three onsets in half an hour is at least two returns after clearing, one more than a
+#   one-off glitch, and the window is six hold-downs, so a fault that returns just after each lift is
+#   caught on its third onset instead of going back into service each time.
+# A repair starts a new epoch (a new boot, or a repair the agent carried out and reported done): the
+# hold-down never delays the lift after a repair's passed burn-in.
+HOLD_DOWN_SECONDS = 300
+FLAP_ONSETS = 3
+FLAP_WINDOW_SECONDS = 1800
+
+
+def repair_epoch(boot_id: str, repair_record: dict | None) -> str:
+    """The span of time between repairs: this boot, and the last repair the agent carried out in it."""
+    done = repair_record.get("id") if repair_record and repair_record.get("state") == "done" else None
+    return f"{boot_id}/{done or ''}"
+
+
+def hold_down(state: dict | None, epoch: str, now_epoch: float, current: list) -> tuple[dict, list]:
+    """(the hold-down state to keep, the device faults to act on): `current` (what the node says now)
+    and those that cleared less than HOLD_DOWN_SECONDS ago or came back FLAP_ONSETS times within
+    FLAP_WINDOW_SECONDS this epoch. The state, per condition and reason: its onsets (times it appeared)
+    and when it cleared (None while present). Messages carry times, never ages: the same fault is the
+    same condition every round (no status write per round)."""
+    same_epoch = bool(state) and state.get("epoch") == epoch
+    old = {k: dict(v) for k, v in (state.get("faults", {}) if same_epoch else {}).items()}
+    now_keys = set()
+    faults = []
+    for fault in current:
+        key = f"{fault.condition}/{fault.reason}"
+        now_keys.add(key)
+        entry = old.get(key) or {"onsets": [], "cleared": now_epoch}
+        if entry.get("cleared") is not None:
+            entry["onsets"] = entry["onsets"] + [now_epoch]          # it (re)appeared now
+        entry.update(condition=fault.condition, reason=fault.reason, message=fault.message,
+                     severity=fault.severity, cleared=None)
+        old[key] = entry
+    kept = {}
+    for key, entry in sorted(old.items()):
+        if key not in now_keys and entry.get("cleared") is None:
+            entry["cleared"] = now_epoch
+        recent = [t for t in entry["onsets"] if now_epoch - t <= FLAP_WINDOW_SECONDS]
+        if len(recent) >= FLAP_ONSETS:
+            entry["flapping"] = len(recent)     # latched until a repair (a new epoch)
+        if entry.get("flapping"):
+            message = (f"flapping: {entry['flapping']} faults in {FLAP_WINDOW_SECONDS // 60} minutes, held until "
+                       f"a repair; last: {entry['message']}")
+        elif entry["cleared"] is None:
+            message = entry["message"]
+        elif now_epoch - entry["cleared"] < HOLD_DOWN_SECONDS:
+            message = (f"{entry['message']} (cleared at {now(entry['cleared'])}; held down until "
+                       f"{now(entry['cleared'] + HOLD_DOWN_SECONDS)} to see it stays away)")
+        else:
+            message = None
+        if message is not None:
+            faults.append(classify.Fault(entry["condition"], entry["reason"], message[:1000], entry["severity"]))
+        if message is not None or recent:
+            kept[key] = dict(entry, onsets=recent)       # remembered while it may still count as a flap
+    return {"epoch": epoch, "faults": kept}, faults
+
+
 def xid_codes(state: dict | None) -> list[int]:
     """The Xids of the kernel-log fault state."""
     return sorted(int(f["reason"][3:]) for f in (state or {}).get("faults", [])
@@ -844,6 +915,16 @@ class Agent:
             write_json(state_path, state)
         return faults
 
+    def _held_device_faults(self, boot_id: str, current: list) -> list:
+        """The device faults after the hold-down (hold_down; its state in flaps.json on the host)."""
+        path = self._state_path("flaps.json")
+        old_state = read_json(path)
+        epoch = repair_epoch(boot_id, read_json(self._state_path("repair.json")))
+        state, faults = hold_down(old_state, epoch, self.clock.time(), current)
+        if state != old_state:
+            write_json(path, state)
+        return faults
+
     def _all_faults(self) -> list:
         return sorted(self.kernel_faults + self.device_faults + self.active_faults,
                       key=lambda f: f.severity != classify.FATAL)
@@ -865,7 +946,7 @@ class Agent:
                            capture_output=True, timeout=900, check=False)
             verdict = current_verdict(read_json(verdict_path), boot_id)
         self.kernel_faults = self._record_kernel_faults(boot_id, lines)
-        self.device_faults = device_faults(config, pool)
+        self.device_faults = self._held_device_faults(boot_id, device_faults(config, pool))
         active_path = os.path.join(os.path.dirname(verdict_path), "active.json")
         active = read_json(active_path)
         self.active_faults = active_faults_of_boot(active, boot_id)

@@ -27,12 +27,10 @@ UNIT_TIER_BURN_IN = {"dcgm_level": 1}
 UNIT_TIER_REPLICAS = 1
 # Cases the suite shows the controller gets wrong today: each an expected failure naming the fault, so
 # the fix turns it into an unexpected pass (strict) and the mark comes off.
-KNOWN_FAULTS = {
-    "flapping": "corral/health/repair (H4) with corral/health/agent.py (H5): a fault that clears within the "
-                "controller's settle_seconds (30) and comes back (a RoCE port down 20 s of every minute) is never "
-                "repaired: the agent taints and lifts it at each flap, the controller never sees it stand 30 s, "
-                "and the node goes in and out of service every minute; nothing counts the flaps",
-}
+KNOWN_FAULTS: dict[str, str] = {}
+# ("flapping", a RoCE port down 20 s of every minute, was one: the agent tainted and lifted the node at each
+# flap, so the controller never saw the taint stand its 30 s settle time. The agent's hold-down fixed it:
+# corral/health/agent.py hold_down.)
 
 MISSING = missing_pieces()
 needs_loop = pytest.mark.xfail(bool(MISSING), reason="missing: " + "; ".join(MISSING), strict=True)
@@ -56,9 +54,18 @@ def breaker_says_why(result) -> None:
     assert "3 of 10 nodes of pool gpu-h100-sf1" in event["message"]
 
 
+def flapping_is_repaired_once(result) -> None:
+    # One steady taint, so one repair (the reboot that stops the flaps) and one burn-in that passed: not a
+    # repair, or a return to service, per flap.
+    [flapped] = result.rows
+    assert flapped.actions == [C.REBOOT] and flapped.burn_ins == ["passed"], (flapped.actions, flapped.burn_ins)
+    assert flapped.readmitted and result.repairs_requested == 1
+
+
 # What some cases show beyond their end state (each case runs once, in one test: the unit tier runs
 # its tests in parallel, and a second test reading the same case would run it again).
-MORE = {"budget": budget_repairs_in_turn, "spike-60-percent": breaker_says_why}
+MORE = {"budget": budget_repairs_in_turn, "spike-60-percent": breaker_says_why,
+        "flapping": flapping_is_repaired_once}
 
 
 @needs_loop
