@@ -270,7 +270,11 @@ def test_team_whitelist_allows_what_kubernetes_adds_and_gpu_pods_need():
 
 
 def test_a_team_namespace_that_is_a_system_namespace_is_refused(tmp_path):
-    cluster = variant(tmp_path, "jaguar", ("namespaces: [robotics]", "namespaces: [robotics, kube-system]"))
+    # The cluster file's rule refuses it at load (tests/manifests/test_team_namespaces.py); this is
+    # the policy's own check, for a Cluster built without the loader.
+    cluster = variant(tmp_path, "jaguar")
+    team = cluster.scheduling.teams[0]
+    cluster.scheduling.teams[0] = team.model_copy(update={"namespaces": [*team.namespaces, "kube-system"]})
     with pytest.raises(policy.ManifestError, match="kube-system"):
         render(cluster)
 
