@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from corral.health import baselines
-from corral.health.repair_protocol import BURN_IN_TAINT
+from corral.health.repair_protocol import BURN_IN_ANNOTATION, BURN_IN_TAINT, REPAIR_STATUS_ANNOTATION
 from corral.machine import gpu_preflight as preflight
 from corral.model.schema import PREFLIGHT_TAINT_KEY, UNHEALTHY_TAINT_KEY, CloudPool, Cluster
 
@@ -30,6 +30,9 @@ RESYNC_SECONDS = 3600
 HOST_COMMAND = ["nsenter", "--target", "1", "--mount", "--uts", "--ipc", "--net", "--pid", "--"]
 # The taints the agent sets and lifts (its ValidatingAdmissionPolicy allows these and no other).
 AGENT_TAINTS = [PREFLIGHT_TAINT_KEY, UNHEALTHY_TAINT_KEY, BURN_IN_TAINT]
+# The annotations it writes (agent.py's _annotate): the policy allows these and no other, so it can never
+# write the controller's corral.dev/repair.
+AGENT_ANNOTATIONS = [REPAIR_STATUS_ANNOTATION, BURN_IN_ANNOTATION]
 
 
 def preflight_script_name(pool_name: str) -> str:

@@ -425,6 +425,7 @@ def gpu_health(cluster: Cluster) -> list[dict]:
         gpu_node_selector=policy.gpu_node_selector(),
         sa_user=f"system:serviceaccount:{addon.NAMESPACE}:{addon.NAME}",
         agent_taints=addon.AGENT_TAINTS,
+        agent_annotations=addon.AGENT_ANNOTATIONS,
         all_gpus_volume=policy.all_gpus_volume(),
         all_gpus_mount=policy.all_gpus_mount(),
     )

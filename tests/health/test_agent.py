@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -187,6 +188,50 @@ def test_admission_policy_fences_the_agent_to_its_node_and_corral_taints():
     assert admit(vap, AGENT, "gpu-001", old, cordoned) == ["the GPU health agent may not relabel or cordon nodes"]
     # Anyone else is not this policy's business.
     assert admit(vap, "kubernetes-admin", None, old, node()) == []
+
+
+def annotated(**annotations):
+    n = node(GPU)
+    n["metadata"]["annotations"] = dict(annotations)
+    return n
+
+
+ANNOTATIONS_ONLY = ("the GPU health agent may change only the corral.dev/repair-status and corral.dev/burn-in "
+                    "annotations")
+
+
+def test_admission_policy_lets_the_agent_write_only_its_own_annotations():
+    vap = gpu_health_objects("jaguar")["ValidatingAdmissionPolicy/corral-gpu-health"]
+    request = '{"action": "reboot", "id": "r-1"}'
+    old = annotated(**{"corral.dev/repair": request, "node.alpha.kubernetes.io/ttl": "0"})
+    mine = {"corral.dev/repair": request, "node.alpha.kubernetes.io/ttl": "0"}
+    # Its own two: written, changed (the agent's merge patches), the rest left as they were.
+    assert admit(vap, AGENT, "gpu-001", old, annotated(**mine, **{
+        "corral.dev/repair-status": '{"id": "r-1", "state": "done"}',
+        "corral.dev/burn-in": '{"id": "r-1", "result": "passed"}'})) == []
+    assert admit(vap, AGENT, "gpu-001", node(GPU), annotated(**{"corral.dev/burn-in": '{"id": "join"}'})) == []
+    # Never the controller's request: not forged, changed, nor deleted.
+    assert admit(vap, AGENT, "gpu-001", node(GPU), annotated(**{"corral.dev/repair": request})) == [ANNOTATIONS_ONLY]
+    assert admit(vap, AGENT, "gpu-001", old, annotated(**dict(mine, **{"corral.dev/repair": "{}"}))) == [
+        ANNOTATIONS_ONLY]
+    assert admit(vap, AGENT, "gpu-001", old, annotated(**{"node.alpha.kubernetes.io/ttl": "0"})) == [
+        ANNOTATIONS_ONLY]
+    # Nor anyone else's annotation.
+    assert admit(vap, AGENT, "gpu-001", old, annotated(**dict(mine, **{"node.alpha.kubernetes.io/ttl": "9"}))) == [
+        ANNOTATIONS_ONLY]
+    # The controller (another identity) is not this policy's business.
+    assert admit(vap, "system:serviceaccount:corral-repair:corral-repair", None, node(GPU),
+                 annotated(**{"corral.dev/repair": request})) == []
+
+
+def test_the_policy_allows_exactly_the_annotations_the_agent_writes(agent):
+    # agent.py's own copies of the protocol's keys: what it writes is what the policy lets through.
+    assert addon.AGENT_ANNOTATIONS == [agent.REPAIR_STATUS_ANNOTATION, agent.BURN_IN_ANNOTATION]
+    # Every annotation write goes through Agent._annotate: the keys it is called with are these.
+    written = set(re.findall(r"self\._annotate\((\w+)", (addon.HERE / "agent.py").read_text()))
+    assert {getattr(agent, name) for name in written} == set(addon.AGENT_ANNOTATIONS)
+    assert (addon.HERE / "agent.py").read_text().count('"annotations"') == 2   # _annotate's patch, json_annotation
+    assert agent.REPAIR_ANNOTATION not in addon.AGENT_ANNOTATIONS
 
 
 def test_a_failed_verdict_of_this_boot_puts_the_node_back_behind_the_preflight(agent):
