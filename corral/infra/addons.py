@@ -23,14 +23,19 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import pulumi
 import pulumi_kubernetes as k8s
 
-from corral.manifests import ManifestError, render
+from corral.manifests import ManifestError
+from corral.manifests.fleet_addons import cluster_addons
 from corral.manifests.policy import CLOUD_SETTINGS_CONFIGMAP, CLOUD_SETTINGS_KEYS
 
 from .platform import ClusterContext
+
+if TYPE_CHECKING:
+    from corral.model.fleet import LoadedFleet
 
 # How long the first `pulumi up` waits for the API servers to answer /readyz:
 # VMs boot, etcd forms, kubeadm init runs. Later runs find it ready at once.
@@ -208,6 +213,8 @@ class Addons(pulumi.ComponentResource):
     kube-system expiring `token_ttl_hours` after its rotation
     (`token_expiration`); a rotation (new tokens) replaces the Secrets, which
     revokes the old tokens at once.
+    fleet: the fleet file (fleet.yaml), whose MultiKueue objects the cluster
+    gets when it is the manager or a worker (corral/manifests/fleet_addons.py).
     Attributes: provider, ready, groups (add-on name -> ConfigGroup),
     bootstrap_tokens (what -> k8s Secret).
     """
@@ -222,11 +229,13 @@ class Addons(pulumi.ComponentResource):
         bootstrap_tokens: Mapping[str, pulumi.Input[str]] | None = None,
         token_ttl_hours: int = 24,
         token_rotation: str | None = None,
+        fleet: LoadedFleet | None = None,
     ):
         super().__init__("corral:addons:Addons", name, None, opts)
         cluster = ctx.cluster
         try:
-            addons = render(cluster)
+            # With the fleet's MultiKueue objects when the cluster is its manager or a worker.
+            addons = cluster_addons(cluster, fleet)
         except ManifestError as err:
             raise ValueError(f"add-ons: {err}") from None
 

@@ -6,7 +6,9 @@ Pulumi's mocks (`plan.py`). It:
 
 1. loads `clusters/<stack>.yaml` through the model, with the fleet's rules
    (the cluster file is the only place a cluster's shape is written; the
-   folder is env CORRAL_CLUSTERS, else `clusters/` of the project);
+   folder is env CORRAL_CLUSTERS, else `clusters/` of the project), and the
+   fleet file `fleet.yaml` beside that folder when there is one (MultiKueue:
+   the manager's and workers' objects join their add-ons);
 2. derives the layout (`ClusterContext.of`), issues the PKI, puts one secret
    per machine role in the cloud's secret store (`SecretStore`) and renders
    every machine's cloud-init, which holds only references to them;
@@ -35,6 +37,7 @@ from typing import Any
 import pulumi
 
 from corral.model import Cluster, ValidationFailed, load_fleet
+from corral.model.fleet import LoadedFleet
 
 from . import bootstrap, extras, outputs
 from .pki import Pki
@@ -80,6 +83,23 @@ def load_stack_cluster(stack: str, clusters: Path | None = None) -> Cluster:
     return fleet.clusters[stack]
 
 
+def load_stack_fleet(clusters: Path | None = None) -> LoadedFleet | None:
+    """The fleet file beside the clusters folder (None when there is none), validated with its clusters.
+
+    A fleet file that does not validate stops the program: applying the
+    cluster without it would delete the manager's MultiKueue objects.
+    """
+    from corral.manifests.fleet_addons import fleet_file_beside, load_fleet_beside
+
+    clusters = clusters or clusters_dir()
+    try:
+        return load_fleet_beside(clusters)
+    except ValidationFailed as failed:
+        lines = "\n".join(f"  {problem}" for problem in failed.problems)
+        raise ProgramError(f"the fleet file {fleet_file_beside(clusters)} does not validate "
+                           f"(run `corral fleet manifests`):\n{lines}") from None
+
+
 def cloud_package(cloud: str) -> ModuleType:
     """`corral.infra.<cloud>`, checked to export every component of the contract."""
     module_name = f"{__package__}.{cloud}"
@@ -121,8 +141,9 @@ class Deployment:
     snapshot_bucket: Any | None = None
 
 
-def build(cluster: Cluster, platform: ModuleType | None = None) -> Deployment:
-    """Register the cluster's resources; `platform` replaces the cloud package (tests)."""
+def build(cluster: Cluster, platform: ModuleType | None = None, fleet: LoadedFleet | None = None) -> Deployment:
+    """Register the cluster's resources; `platform` replaces the cloud package (tests); `fleet`
+    adds its MultiKueue objects to the add-ons of its manager and workers."""
     ctx = ClusterContext.of(cluster)
     cloud = platform or cloud_package(cluster.control_plane.cloud)
     lay = ctx.layout
@@ -174,16 +195,21 @@ def build(cluster: Cluster, platform: ModuleType | None = None) -> Deployment:
                           **{f"pool-{pool}": token for pool, token in pki.pool_tokens.items()}},
         token_ttl_hours=bootstrap.token_ttl_hours(),
         token_rotation=pulumi.Config("corral").get("bootstrapTokenRotation"),
+        fleet=fleet,
     )
     return deployment
 
 
-def main(cluster: Cluster | None = None, platform: ModuleType | None = None) -> Deployment:
-    """The program: the stack's cluster (or `cluster`), built and its outputs exported."""
+def main(
+    cluster: Cluster | None = None, platform: ModuleType | None = None, fleet: LoadedFleet | None = None,
+) -> Deployment:
+    """The program: the stack's cluster and fleet file (or `cluster` and `fleet`), built and its
+    outputs exported."""
     if cluster is None:
         cluster = load_stack_cluster(pulumi.get_stack())
+        fleet = load_stack_fleet()
     try:
-        deployment = build(cluster, platform)
+        deployment = build(cluster, platform, fleet)
     except ValueError as err:
         # The cloud packages and the bootstrap raise ValueError for a cluster
         # they cannot build (unknown disk type, missing Kubernetes release...).
