@@ -59,6 +59,7 @@ from pulumi.runtime.sync_await import _sync_await
 from google.protobuf import struct_pb2
 
 from corral.model import Cluster
+from corral.model.fleet import LoadedFleet
 
 from . import program
 
@@ -370,8 +371,9 @@ def plan_cluster(
     stack_config: dict[str, str] | None = None,
     secret_config_keys: list[str] | None = None,
     preview: bool = True,
+    fleet: LoadedFleet | None = None,
 ) -> Plan:
-    """Run the program for `cluster` under mocks; what it would register, masked."""
+    """Run the program for `cluster` (and its `fleet` file) under mocks; what it would register, masked."""
     monitor = RecordingMonitor(mocks or PlanMocks())
     diagnostics = _Diagnostics()
     logger = logging.getLogger("corral.plan.engine")
@@ -387,7 +389,7 @@ def plan_cluster(
     masker = Masker()
 
     def run_program() -> None:
-        program.main(cluster=cluster, platform=platform)
+        program.main(cluster=cluster, platform=platform, fleet=fleet)
 
     try:
         with paused_gc():
@@ -428,7 +430,8 @@ def plan_cluster(
 
 
 def plan_stack(cluster: Cluster, clusters: Path | None = None, **kwargs: Any) -> Plan:
-    """`plan_cluster` with the stack's settings from stacks/Pulumi.<cluster>.yaml."""
+    """`plan_cluster` with the stack's settings from stacks/Pulumi.<cluster>.yaml and, when
+    `clusters` is given, the fleet file beside it, as `pulumi up` loads them."""
     path = stack_config_file(cluster.name, clusters)
     config, secret_keys = read_stack_config(path)
     if path is not None:
@@ -436,4 +439,8 @@ def plan_stack(cluster: Cluster, clusters: Path | None = None, **kwargs: Any) ->
 
         if problems := placeholder_problems(path, cluster.name):
             raise PlanError("; ".join(str(problem) for problem in problems))
-    return plan_cluster(cluster, stack_config=config, secret_config_keys=secret_keys, **kwargs)
+    try:
+        fleet = program.load_stack_fleet(clusters) if clusters is not None else None
+    except program.ProgramError as err:
+        raise PlanError(str(err)) from None
+    return plan_cluster(cluster, stack_config=config, secret_config_keys=secret_keys, fleet=fleet, **kwargs)
