@@ -7,7 +7,17 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import DEFAULT_CLUSTERS, ClusterArg, ClustersOption, cluster_or_exit, err, examples, fail, out
+from .common import (
+    DEFAULT_CLUSTERS,
+    ClusterArg,
+    ClustersOption,
+    cluster_or_exit,
+    err,
+    examples,
+    fail,
+    out,
+    report_problems,
+)
 
 
 def manifests(
@@ -24,11 +34,18 @@ def manifests(
 ) -> None:
     """The cluster's add-ons (flannel, pod security, teams, scheduling, GPU, autoscaler, CSR approver, monitoring)."""
     # Imported here so other commands never pay for jinja templates and schemas.
-    from corral.manifests import ADDON_NAMES, ManifestError, all_objects, ordered, render, to_yaml
+    from corral.manifests import ADDON_NAMES, ManifestError, all_objects, ordered, to_yaml
+    from corral.manifests.fleet_addons import cluster_addons, load_fleet_beside
+    from corral.model import ValidationFailed
 
     cluster = cluster_or_exit(clusters, name)
     try:
-        addons = render(cluster)
+        fleet = load_fleet_beside(clusters)
+    except ValidationFailed as failed:
+        report_problems(failed)
+    try:
+        # What `pulumi up` applies: with the fleet's MultiKueue objects on its manager and workers.
+        addons = cluster_addons(cluster, fleet)
     except ManifestError as error:
         fail(f"{name}: {error}")
 
