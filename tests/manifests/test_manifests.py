@@ -66,8 +66,11 @@ def changed(before: Cluster, after: Cluster) -> set[str]:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_golden(name):
+    from corral.manifests.fleet_addons import cluster_addons, load_fleet_beside
+
+    # What `corral manifests` prints and `pulumi up` applies: with the example fleet's MultiKueue objects.
     cluster = FLEET.clusters[name]
-    text = to_yaml(cluster, all_objects(render(cluster)))
+    text = to_yaml(cluster, all_objects(cluster_addons(cluster, load_fleet_beside(EXAMPLES))))
     path = GOLDEN / f"{name}.yaml"
     if UPDATE_GOLDEN:
         path.parent.mkdir(parents=True, exist_ok=True)
