@@ -312,9 +312,12 @@ def test_kubernetes_own_namespaces_are_patched_never_owned():
 def test_a_team_may_not_claim_the_default_namespace(tmp_path):
     text = (EXAMPLES / "jaguar.yaml").read_text().replace("namespaces: [robotics]", "namespaces: [robotics, default]", 1)
     (tmp_path / "jaguar.yaml").write_text(text)
-    cluster = load_fleet([tmp_path]).clusters["jaguar"]
-    with pytest.raises(policy.ManifestError, match="'default'"):
-        render(cluster)
+    # Refused at load now, with file, line and field (rules._teams, corral/model/namespaces.py); the
+    # policy's own refusal: tests/manifests/test_team_namespaces.py.
+    from corral.model import ValidationFailed
+
+    with pytest.raises(ValidationFailed, match=r"scheduling\.teams\[0\]\.namespaces\[1\]: namespace 'default'"):
+        load_fleet([tmp_path])
 
 
 # --- least privilege of corral's identities ---------------------------------------
