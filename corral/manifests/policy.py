@@ -15,6 +15,12 @@ from dataclasses import dataclass
 
 from corral.health.repair_protocol import REPAIR_NAMESPACE
 from corral.model.layout import layout, node_group_name
+from corral.model.namespaces import (
+    FLANNEL_NAMESPACE,
+    KUBERNETES_NAMESPACES,
+    MONITORING_NAMESPACE,
+    reserved_namespace,
+)
 from corral.model.schema import (
     LABEL_DOMAIN,
     PODS_PER_NODE,
@@ -28,8 +34,6 @@ from corral.model.schema import (
     Team,
 )
 
-FLANNEL_NAMESPACE = "kube-flannel"
-MONITORING_NAMESPACE = "corral-monitoring"
 # Namespaces whose pods are node agents that must run on every node, reserved
 # ones included. Only cluster admins create pods there; the team policy
 # exempts them.
@@ -228,10 +232,14 @@ def team_namespaces(cluster: Cluster) -> list[dict]:
     teams = []
     for team in cluster.scheduling.teams:
         for namespace in team.namespaces:
-            if namespace in SYSTEM_NAMESPACES or namespace in KUBERNETES_NAMESPACES or namespace.startswith("kube-"):
+            # Every add-on's namespace, not only the exempt ones (corral/model/namespaces.py): the
+            # cluster file's rule says the same with file and line; this holds for clusters built
+            # without the loader.
+            why = reserved_namespace(namespace)
+            if why:
                 raise ManifestError(
-                    f"team '{team.name}' lists namespace '{namespace}', a system namespace "
-                    "(Kubernetes' own or one corral's add-ons use): pick a namespace of the team's own"
+                    f"team '{team.name}' lists namespace '{namespace}', {why}: "
+                    "pick a namespace of the team's own"
                 )
         teams.append({
             "name": team.name,
@@ -250,10 +258,9 @@ def team_namespaces(cluster: Cluster) -> list[dict]:
 # --- Pod Security Admission -------------------------------------------------
 
 PSA_PREFIX = "pod-security.kubernetes.io"
-# The namespaces every cluster has from the start. corral does not create
-# them; it patches their labels (server-side apply of the labels only, see
-# `Addon.patches`), and never deletes them.
-KUBERNETES_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+# KUBERNETES_NAMESPACES (corral/model/namespaces.py): the namespaces every cluster has from the
+# start. corral does not create them; it patches their labels (server-side apply of the labels
+# only, see `Addon.patches`), and never deletes them.
 # Nothing of ours runs in these; a careless `kubectl run` lands in `default`.
 RESTRICTED_NAMESPACES = ("default", "kube-public", "kube-node-lease")
 # Node agents that need the host (kube-proxy and the static control-plane
