@@ -1,21 +1,29 @@
 """The Kueue add-on: team quotas, all-or-nothing admission and topology (issue 29; docs/scheduling.md).
 
-Kueue itself (its CRDs, controller Deployment, RBAC, webhooks) is installed
-from its release manifests, the way its README says (`kubectl apply
---server-side -f .../releases/download/v0.12.10/manifests.yaml`, README.md at
-the tag). corral renders what is the cluster's own on top of it:
+Kueue itself (its CRDs, controller Deployment, RBAC, webhooks, and the
+manager's ConfigMap) is installed by `pulumi up` from Kueue's official Helm
+chart at the pinned release, the way its installation page says users install
+it with Helm (`helm install kueue oci://registry.k8s.io/kueue/charts/kueue
+--version=0.12.10 --namespace kueue-system`, site/content/en/docs/installation/
+_index.md at v0.12.10, chart_version in site/hugo.toml): `chart(cluster)` says
+which chart, version and values, and corral/infra/addons.py installs it with
+pulumi_kubernetes' helm.v4.Chart. corral renders what is the cluster's own:
 
-- the `kueue-system` namespace's Pod Security (restricted: the manager runs as
-  non-root, seccomp RuntimeDefault, no privilege escalation, all capabilities
-  dropped: config/components/manager/manager.yaml at the tag);
-- the manager's configuration, ConfigMap `kueue-manager-config` (the release's
-  own config/components/manager/controller_manager_config.yaml with corral's
-  waitForPodsReady, TopologyAwareScheduling feature gate and the resources
-  Kueue leaves to the scheduler); the manager reads it at start;
+- the `kueue-system` namespace's Pod Security (restricted: the chart's manager
+  runs as non-root, seccomp RuntimeDefault, no privilege escalation, all
+  capabilities dropped: charts/kueue/values.yaml at the tag, which
+  `chart_values` sets again so the level holds whatever a chart default says);
+- the manager's configuration (`manager_config`: the chart's own
+  managerConfig.controllerManagerConfigYaml with corral's waitForPodsReady,
+  TopologyAwareScheduling feature gate and the resources Kueue leaves to the
+  scheduler), given to the chart as that value: the chart renders the one
+  ConfigMap `kueue-manager-config` (charts/kueue/templates/manager/
+  manager-config.yaml), corral renders none;
 - PriorityClasses for batch jobs (Kueue's preemption compares priorities);
 - ResourceFlavors (one per GPU model and reserving team), Topologies,
   ClusterQueues (one per team and a shared one, one cohort) and LocalQueues
-  (one per team namespace), from corral/model/kueue.py's quota arithmetic.
+  (one per team namespace), from corral/model/kueue.py's quota arithmetic:
+  the add-on `kueue-queues`, applied after the chart (their CRDs are its).
 
 Every name and field below is Kueue v0.12.10's (apis/kueue/v1beta1,
 apis/kueue/v1alpha1/topology_types.go, apis/config/v1beta1/configuration_types.go);
@@ -25,6 +33,7 @@ tests/manifests/test_kueue.py validates every object against that release's CRDs
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 
 from ruamel.yaml import YAML
 
@@ -35,7 +44,14 @@ from corral.model.schema import TEAM_TAINT_KEY, Cluster
 from . import policy, versions
 
 NAMESPACE = "kueue-system"
-MANAGER_CONFIGMAP = "kueue-manager-config"     # namePrefix kueue- + manager-config (config/default)
+# The add-ons render.py makes of this module: the namespace and priorities before
+# the chart, the queues (Kueue's own kinds, whose CRDs the chart installs) after it.
+ADDON = "kueue"
+QUEUES_ADDON = "kueue-queues"
+KUEUE_GROUP = "kueue.x-k8s.io"
+# The chart's ConfigMap: the fullname (`kueue`, fullnameOverride below) + -manager-config
+# (charts/kueue/templates/manager/manager-config.yaml and _helpers.tpl at v0.12.10).
+MANAGER_CONFIGMAP = "kueue-manager-config"
 MANAGER_CONFIG_KEY = "controller_manager_config.yaml"
 KUEUE_API = "kueue.x-k8s.io/v1beta1"
 TOPOLOGY_API = "kueue.x-k8s.io/v1alpha1"       # Topology is v1alpha1 at v0.12.10
@@ -83,10 +99,14 @@ def topology_name(provider: str) -> str:
     return f"corral-{provider}"
 
 
-def manager_config(cluster: Cluster) -> dict:
-    """Kueue's Configuration: the release's defaults plus corral's settings."""
+def manager_config(cluster: Cluster, multi_kueue: dict | None = None) -> dict:
+    """Kueue's Configuration: the release's defaults plus corral's settings.
+
+    multi_kueue: the `multiKueue` section of a fleet's manager cluster
+    (corral.manifests.multikueue.kueue_config), the one place both the add-on
+    and the fleet put the manager's configuration."""
     settings = cluster.scheduling.kueue
-    return {
+    config = {
         "apiVersion": "config.kueue.x-k8s.io/v1beta1",
         "kind": "Configuration",
         # As in the release's controller_manager_config.yaml at v0.12.10.
@@ -119,6 +139,9 @@ def manager_config(cluster: Cluster) -> dict:
         "featureGates": {"TopologyAwareScheduling": True},
         "resources": {"excludeResourcePrefixes": list(EXCLUDED_RESOURCE_PREFIXES)},
     }
+    if multi_kueue is not None:
+        config["multiKueue"] = dict(multi_kueue)
+    return config
 
 
 def _dump(data: dict) -> str:
@@ -223,24 +246,134 @@ def objects(cluster: Cluster) -> list[dict]:
     flavors = [resource_flavor(cluster, f) for f in unique.values()]
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {
         "name": NAMESPACE, "labels": policy.pod_security_labels(cluster, "restricted")}}
-    config = {"apiVersion": "v1", "kind": "ConfigMap",
-              "metadata": {"name": MANAGER_CONFIGMAP, "namespace": NAMESPACE},
-              "data": {MANAGER_CONFIG_KEY: _dump(manager_config(cluster))}}
+    # No ConfigMap: the manager's configuration is a chart value (chart_values), and the
+    # chart renders its one kueue-manager-config from it.
     priorities = [{"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name},
                    "value": value, "globalDefault": False, "preemptionPolicy": "PreemptLowerPriority",
                    "description": text}
                   for name, value, text in PRIORITY_CLASSES]
     return [
-        namespace, *priorities, config,
+        namespace, *priorities,
         *topologies(cluster, flavors), *flavors,
         *(cluster_queue(cluster, q) for q in queues if q.flavors or q.name != SHARED),
         *local_queues(cluster),
     ]
 
 
+def needs_kueue_crds(obj: dict) -> bool:
+    """Whether `obj` is one of Kueue's own kinds, which exist only once the chart's CRDs do."""
+    return obj["apiVersion"].split("/")[0] == KUEUE_GROUP
+
+
+def before_chart(cluster: Cluster) -> list[dict]:
+    """The add-on `kueue`: what the chart needs first (its namespace) and the priorities."""
+    return [o for o in objects(cluster) if not needs_kueue_crds(o)]
+
+
+def after_chart(cluster: Cluster) -> list[dict]:
+    """The add-on `kueue-queues`: topologies, flavors and queues, once the chart's CRDs exist."""
+    return [o for o in objects(cluster) if needs_kueue_crds(o)]
+
+
 def image() -> str:
-    """The controller image of the pinned release (what its manifests.yaml runs)."""
+    """The controller image of the pinned release (what its chart runs)."""
     return versions.KUEUE
+
+
+# --- the Helm chart ----------------------------------------------------------------------
+
+# Kueue's installation page at v0.12.10 (site/content/en/docs/installation/_index.md,
+# "Install by Helm"): `helm install kueue oci://registry.k8s.io/kueue/charts/kueue
+# --version={{< param "chart_version" >}} --namespace kueue-system`, chart_version
+# "0.12.10" (site/hugo.toml at the tag): the release tag without its "v".
+CHART = "oci://registry.k8s.io/kueue/charts/kueue"
+RELEASE_NAME = "kueue"
+
+
+@dataclass(frozen=True)
+class KueueChart:
+    """What `pulumi up` installs Kueue from (pulumi_kubernetes helm.v4.Chart's arguments)."""
+
+    release: str
+    chart: str
+    version: str
+    namespace: str
+    values: dict
+
+
+def chart_version() -> str:
+    """The chart version of the pinned release (versions.py: its tag without the "v")."""
+    return versions.KUEUE_CHART_VERSION
+
+
+def chart_values(cluster: Cluster, multi_kueue: dict | None = None) -> dict:
+    """The chart's values (charts/kueue/values.yaml at v0.12.10) from the cluster file."""
+    repository, tag = versions.KUEUE.rsplit(":", 1)
+    return {
+        # Names independent of the release name: kueue-manager-config, kueue-controller-manager,
+        # kueue-controller-manager-metrics-service (scrape_jobs), kueue-webhook-service.
+        "fullnameOverride": RELEASE_NAME,
+        "controllerManager": {"manager": {
+            # The chart's default repository is the staging registry with pullPolicy Always
+            # (values.yaml at the tag): the promoted image, pinned, pulled once.
+            "image": {"repository": repository, "tag": tag, "pullPolicy": "IfNotPresent"},
+            # The chart's defaults, set here so kueue-system's restricted level holds
+            # whatever a later chart says (Pod Security "restricted": non-root, seccomp
+            # RuntimeDefault, no privilege escalation, capabilities dropped).
+            "podSecurityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containerSecurityContext": {
+                "readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
+                "capabilities": {"drop": ["ALL"]},
+            },
+        }},
+        # The one manager configuration (manager_config); the chart renders it into
+        # kueue-manager-config (templates/manager/manager-config.yaml).
+        "managerConfig": {"controllerManagerConfigYaml": _dump(manager_config(cluster, multi_kueue))},
+        # corral's Prometheus scrapes the metrics Service itself (scrape_jobs); the chart's
+        # ServiceMonitor needs prometheus-operator's CRDs, which corral does not install.
+        "enablePrometheus": False,
+        # KueueViz's Deployments are not corral's; cert-manager is not installed (the
+        # chart then turns on Kueue's internal certificate management).
+        "enableKueueViz": False,
+        "enableCertManager": False,
+    }
+
+
+def chart(cluster: Cluster, multi_kueue: dict | None = None) -> KueueChart:
+    """The Kueue chart `pulumi up` installs on `cluster` (multi_kueue: on a fleet's manager)."""
+    return KueueChart(RELEASE_NAME, CHART, chart_version(), NAMESPACE, chart_values(cluster, multi_kueue))
+
+
+def manager_configmap(cluster: Cluster, multi_kueue: dict | None = None) -> dict:
+    """kueue-manager-config as the chart renders it from `chart_values` (less the
+    internalCertManagement section its template adds): for showing and comparing, not applying."""
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": MANAGER_CONFIGMAP, "namespace": NAMESPACE},
+            "data": {MANAGER_CONFIG_KEY: _dump(manager_config(cluster, multi_kueue))}}
+
+
+def chart_comment(cluster: Cluster, multi_kueue: dict | None = None) -> str:
+    """The chart as YAML comment lines, for `corral manifests` (installed by `pulumi up`, not by the file)."""
+    from ruamel.yaml.scalarstring import LiteralScalarString
+
+    installed = chart(cluster, multi_kueue)
+    values = dict(installed.values)
+    # The configuration as the block it is, not one escaped line.
+    values["managerConfig"] = {"controllerManagerConfigYaml": LiteralScalarString(
+        values["managerConfig"]["controllerManagerConfigYaml"])}
+    summary = {"helmChart": {"release": installed.release, "chart": installed.chart,
+                             "version": installed.version, "namespace": installed.namespace,
+                             "values": values}}
+    yaml = YAML()
+    yaml.default_flow_style = False
+    stream = io.StringIO()
+    yaml.dump(summary, stream)
+    lines = [
+        "# Kueue is installed by `pulumi up` from its Helm chart (corral/infra/addons.py), after the",
+        "# kueue-system namespace and before the kueue-queues objects. Not applied from this file.",
+        *(f"# {line}".rstrip() for line in stream.getvalue().splitlines()),
+    ]
+    return "\n".join(lines) + "\n"
 
 
 # --- monitoring ----------------------------------------------------------------------

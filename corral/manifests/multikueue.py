@@ -186,8 +186,8 @@ def manager_configmap(fleet: LoadedFleet) -> dict:
 
     from . import kueue
 
-    configmap = next(copy.deepcopy(dict(o)) for o in kueue.objects(fleet.manager)
-                     if o["kind"] == "ConfigMap" and o["metadata"]["name"] == kueue.MANAGER_CONFIGMAP)
+    # The add-on renders no ConfigMap (the Kueue chart does, from its values): this is what it renders.
+    configmap = kueue.manager_configmap(fleet.manager)
     yaml = YAML(typ="safe", pure=True)
     yaml.default_flow_style = False
     config = yaml.load(configmap["data"][kueue.MANAGER_CONFIG_KEY])

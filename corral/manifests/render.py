@@ -434,7 +434,7 @@ def gpu_health(cluster: Cluster) -> list[dict]:
 # Every add-on corral knows, in apply order, with when it applies.
 ADDON_NAMES = (
     "flow-control", "flannel", "network-policy", "pod-security", "teams", "scheduling", "nvidia-device-plugin", "rdma-shared-device-plugin",
-    "gpu-health", "repair", "cluster-autoscaler", "kubelet-csr-approver", "node-approver", "monitoring", "kueue",
+    "gpu-health", "repair", "cluster-autoscaler", "kubelet-csr-approver", "node-approver", "monitoring", "kueue", "kueue-queues",
 )
 
 
@@ -458,7 +458,9 @@ def render(cluster: Cluster) -> list[Addon]:
         ("kubelet-csr-approver", True, kubelet_csr_approver),
         ("node-approver", True, node_approver),
         ("monitoring", True, monitoring_stack),
-        ("kueue", sched.kueue.enabled, kueue.objects),
+        # Kueue's chart (corral/infra/addons.py) goes between the two: its namespace first, its CRDs' kinds after.
+        ("kueue", sched.kueue.enabled, kueue.before_chart),
+        ("kueue-queues", sched.kueue.enabled, kueue.after_chart),
     ]
     addons = [_split_patches(name, build(cluster)) for name, wanted, build in parts if wanted]
     _check_unique(addons)

@@ -64,6 +64,10 @@ GRAFANA = "docker.io/grafana/grafana:11.3.1"
 # "E2E Tests for Kubernetes 1.30, 1.31, 1.32"; v0.13 drops 1.30). The release's images are
 # promoted to registry.k8s.io/kueue/kueue:<tag> (.github/ISSUE_TEMPLATE/NEW_RELEASE.md).
 KUEUE = "registry.k8s.io/kueue/kueue:v0.12.10"
+# Its Helm chart, oci://registry.k8s.io/kueue/charts/kueue, is versioned as the tag without
+# its "v" (chart_version "0.12.10" in site/hugo.toml at v0.12.10; the installation page's
+# `helm install ... --version`); tests/infra/test_kueue_chart.py holds the two together.
+KUEUE_CHART_VERSION = "0.12.10"
 
 # Approves kubelet serving-certificate requests (github.com/postfinance/
 # kubelet-csr-approver; it supports the three newest Kubernetes minors and

@@ -25,7 +25,8 @@ WITH_KUEUE = sorted(name for name, c in FLEET.clusters.items() if c.scheduling.k
 
 
 def kueue_objects(cluster) -> list[dict]:
-    return next(a for a in render(cluster) if a.name == "kueue").every_object
+    """Both Kueue add-ons' objects: before the chart (namespace, priorities) and after it (queues)."""
+    return [o for a in render(cluster) if a.name in (kueue.ADDON, kueue.QUEUES_ADDON) for o in a.every_object]
 
 
 def of_kind(objects: list[dict], kind: str) -> dict[str, dict]:
@@ -130,9 +131,10 @@ def test_a_team_flavors_pod_passes_the_placement_policy_only_in_the_teams_namesp
 
 def test_the_manager_config_waits_for_whole_gangs_and_enables_topology():
     objects = kueue_objects(FLEET.clusters["jaguar"])
-    config_map = of_kind(objects, "ConfigMap")[kueue.MANAGER_CONFIGMAP]
-    assert config_map["metadata"]["namespace"] == "kueue-system"
-    config = YAML(typ="safe", pure=True).load(config_map["data"][kueue.MANAGER_CONFIG_KEY])
+    # One source: the chart's value, rendered by the chart into kueue-manager-config; corral renders no ConfigMap.
+    assert of_kind(objects, "ConfigMap") == {}
+    values = kueue.chart(FLEET.clusters["jaguar"]).values
+    config = YAML(typ="safe", pure=True).load(values["managerConfig"]["controllerManagerConfigYaml"])
     assert config["waitForPodsReady"]["enable"] is True
     assert config["waitForPodsReady"]["timeout"] == "15m"        # jaguar's waitForPodsReadyMinutes
     assert config["featureGates"] == {"TopologyAwareScheduling": True}
@@ -245,3 +247,4 @@ def test_a_flavor_tolerates_its_pools_own_taints():
     assert {"key": "corral.dev/preemptible", "operator": "Equal", "value": "true", "effect": "NoSchedule"} in \
         flavor["spec"]["tolerations"]
     assert validate_kueue_object(flavor) == []
+

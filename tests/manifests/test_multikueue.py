@@ -232,7 +232,7 @@ def test_the_managers_kueue_configuration_gets_the_multikueue_section_and_keeps_
 
     fleet = loaded(tmp_path)
     configmap = manager_objects(fleet)[0]
-    addon = next(o for o in kueue.objects(fleet.manager) if o["kind"] == "ConfigMap")
+    addon = kueue.manager_configmap(fleet.manager)
     assert configmap["metadata"] == addon["metadata"]
     yaml = YAML(typ="safe", pure=True)
     config = yaml.load(configmap["data"][kueue.MANAGER_CONFIG_KEY])
