@@ -29,6 +29,7 @@ from . import (
     node_exporter,
     pool_node,
     serving_csr,
+    topology_labels,
 )
 from .api_server import ControlPlaneTls, api_server_secret_files
 from .etcd_member import EtcdMemberTls, etcd_secret_files
@@ -69,6 +70,8 @@ def pool_node_role(cluster: Cluster, lay: Layout, pool: CloudPool) -> Role:
         kubelet_node.part(cluster),
         # Sized on the machine before the join (same phase, earlier part).
         kubelet_reservations.part(pool),
+        # Its cloud network topology into the join configuration's node labels, before the join.
+        topology_labels.part(cluster),
         pool_node.part(cluster, lay, pool),
     ))
 
