@@ -365,7 +365,8 @@ def test_pool_nodes_join_with_the_shared_template_and_their_labels_and_taints():
     assert NODE_NAME_PLACEHOLDER in script and 'join --config "$JOIN_CONFIG"' in script
     # The token and everything holding it leave the disk when the script ends.
     assert f'trap \'rm -f "$JOIN_CONFIG" {TOKEN_FILE}' in script
-    assert commands == [FETCH, "/usr/local/sbin/corral-kubelet-reservations", "/usr/local/sbin/corral-pool-node"]
+    assert commands == [FETCH, "/usr/local/sbin/corral-kubelet-reservations", "/usr/local/sbin/corral-topology-labels",
+                        "/usr/local/sbin/corral-pool-node"]
 
 
 def test_pods_cannot_reach_the_instance_metadata_service():
