@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 
 import pulumi
@@ -11,6 +12,7 @@ from corral.infra.platform import ClusterContext
 from corral.model import CloudPool, Cluster
 from corral.model.layout import node_group_name
 from corral.machine.rollout import SURGE_PERCENT, WARMUP_SECONDS, rolls_on_deploy
+from corral.machine.topology_labels import AWS_PERMISSIONS as TOPOLOGY_PERMISSIONS
 
 from .common import (
     check_zone,
@@ -31,6 +33,17 @@ GPU_RESOURCE = "nvidia.com/gpu"
 TAG_KEY_MAX = 128
 TAG_VALUE_MAX = 256
 TAGS_MAX = 50
+
+
+def topology_policy(region: str) -> dict:
+    """What a pool node asks EC2 at boot for its topology labels (corral/machine/topology_labels.py):
+    DescribeInstanceTopology, a Describe action, which takes no resource ARN ("*": EC2 User Guide,
+    "Example policies to control access the Amazon EC2 API", read-only access), limited to the
+    cluster's region by ec2:Region ("supported by all Amazon EC2 API actions", same page)."""
+    return {"Version": "2012-10-17", "Statement": [{
+        "Effect": "Allow", "Action": list(TOPOLOGY_PERMISSIONS), "Resource": "*",
+        "Condition": {"StringEquals": {"ec2:Region": region}},
+    }]}
 
 
 def cluster_owned_tag(cluster_name: str) -> str:
@@ -134,9 +147,15 @@ class NodePools(pulumi.ComponentResource):
             for zone in zones:
                 check_zone(ctx, zone, f"pool {pool.name}")
             common = tags(ctx, group_name, **{"corral-pool": pool.name, "corral-role": "node"})
-            # The pool's own identity: it reads the pool's bootstrap token, nothing else.
+            # The pool's own identity: of secrets, it reads only the pool's bootstrap token.
             machine = MachineRole(ctx, group_name, f"nodes of pool {pool.name} of {cluster.name}", self)
             self.identities[pool.name] = machine.role
+            # ... and reads its own network topology at boot (topology_policy).
+            aws.iam.RolePolicy(
+                f"{group_name}-topology", role=machine.role.id,
+                policy=json.dumps(topology_policy(cluster.control_plane.region)),
+                opts=pulumi.ResourceOptions(parent=self),
+            )
             template = aws.ec2.LaunchTemplate(
                 group_name,
                 name=group_name,
