@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 import pulumi
 import pulumi_kubernetes as k8s
 
-from corral.manifests import ManifestError
-from corral.manifests.fleet_addons import cluster_addons
+from corral.manifests import ManifestError, kueue
+from corral.manifests.fleet_addons import cluster_addons, manager_kueue_settings
 from corral.manifests.policy import CLOUD_SETTINGS_CONFIGMAP, CLOUD_SETTINGS_KEYS
 
 from .platform import ClusterContext
@@ -202,6 +202,21 @@ def _retain(args: pulumi.ResourceTransformArgs) -> pulumi.ResourceTransformResul
     return None
 
 
+def _kueue_chart(name: str, chart: kueue.KueueChart, opts: pulumi.ResourceOptions) -> k8s.helm.v4.Chart:
+    """Kueue's controller, CRDs, RBAC and webhooks from its Helm chart at the pinned version
+    (`chart`: corral/manifests/kueue.py), after its namespace (opts). helm.v4.Chart renders the
+    chart in the provider and applies each object like the ConfigGroups, server-side."""
+    return k8s.helm.v4.Chart(
+        f"{name}-{kueue.ADDON}-chart",
+        name=chart.release,
+        chart=chart.chart,
+        version=chart.version,
+        namespace=chart.namespace,
+        values=chart.values,
+        opts=opts,
+    )
+
+
 class Addons(pulumi.ComponentResource):
     """The cluster's add-ons (corral.manifests), one ConfigGroup per add-on.
 
@@ -216,7 +231,7 @@ class Addons(pulumi.ComponentResource):
     fleet: the fleet file (fleet.yaml), whose MultiKueue objects the cluster
     gets when it is the manager or a worker (corral/manifests/fleet_addons.py).
     Attributes: provider, ready, groups (add-on name -> ConfigGroup),
-    bootstrap_tokens (what -> k8s Secret).
+    kueue_chart (the Kueue Helm chart, or None), bootstrap_tokens (what -> k8s Secret).
     """
 
     def __init__(
@@ -253,12 +268,22 @@ class Addons(pulumi.ComponentResource):
         on_cluster = pulumi.ResourceOptions(parent=self, provider=self.provider, depends_on=[self.ready])
 
         self.groups: dict[str, k8s.yaml.v2.ConfigGroup] = {}
+        self.kueue_chart: k8s.helm.v4.Chart | None = None
         for addon in addons:
+            # Kueue's queues are its CRDs' kinds: they wait for the chart that installs them.
+            after = [self.kueue_chart] if addon.name == kueue.QUEUES_ADDON and self.kueue_chart else []
             self.groups[addon.name] = k8s.yaml.v2.ConfigGroup(
                 f"{name}-{addon.name}",
                 objs=[dict(obj) for obj in addon.objects],
-                opts=pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(transforms=[_retain])),
+                opts=pulumi.ResourceOptions.merge(
+                    on_cluster, pulumi.ResourceOptions(transforms=[_retain], depends_on=after)),
             )
+            if addon.name == kueue.ADDON:
+                self.kueue_chart = _kueue_chart(
+                    # On the fleet's manager the configuration carries its multiKueue section.
+                    name, kueue.chart(cluster, manager_kueue_settings(cluster, fleet)),
+                    pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(
+                        depends_on=[self.groups[addon.name]])))
             # Namespaces Kubernetes itself creates (default, kube-system, ...)
             # cannot be created again (pulumi-kubernetes >= 4.29 does not
             # upsert): their labels (Pod Security) are server-side patches.
