@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -45,7 +46,10 @@ def ssh_argv(cluster: Cluster, pool: OnPremPool, host: str) -> list[str]:
     argv = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT}",
             *pool_ssh_options(cluster, pool), "-o", f"HostKeyAlias={host}", "-p", str(ssh.port or 22)]
     if ssh.private_key_file:
-        argv += ["-i", ssh.private_key_file, "-o", "IdentitiesOnly=yes"]
+        # `~` as the join reads it: ansible-core's ssh plugin passes IdentityFile through
+        # os.path.expanduser ($HOME; plugins/connection/ssh.py), while ssh(1) itself would
+        # take the passwd entry's home, another key whenever $HOME is set elsewhere.
+        argv += ["-i", os.path.expanduser(ssh.private_key_file), "-o", "IdentitiesOnly=yes"]
     if ssh.user:
         argv += ["-l", ssh.user]
     return [*argv, pool.host_addresses.get(host, host), PROBE]
