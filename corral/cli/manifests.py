@@ -62,8 +62,14 @@ def manifests(
         count = sum(len(a.every_object) for a in addons)
         err.print(f"ok: {count} objects valid against the Kubernetes {version.used} API schemas", markup=False)
 
+    from corral.manifests.fleet_addons import manager_kueue_settings
+    from corral.manifests.kueue import ADDON as KUEUE_ADDON, chart_comment
+
+    # Kueue's Helm chart is no object of the file: shown as comments, what `pulumi up` installs.
+    kueue_chart = (chart_comment(cluster, manager_kueue_settings(cluster, fleet))
+                   if any(a.name == KUEUE_ADDON for a in addons) else "")
     if out_dir is None:
-        out.print(to_yaml(cluster, all_objects(addons)), markup=False, end="")
+        out.print(kueue_chart + to_yaml(cluster, all_objects(addons)), markup=False, end="")
         return
 
     from corral.util import write_atomic
@@ -71,7 +77,8 @@ def manifests(
     out_dir.mkdir(parents=True, exist_ok=True)
     for addon in addons:
         path = out_dir / f"{addon.name}.yaml"
-        write_atomic(path, to_yaml(cluster, ordered(addon.every_object), f"Add-on {addon.name}"))
+        text = to_yaml(cluster, ordered(addon.every_object), f"Add-on {addon.name}")
+        write_atomic(path, (kueue_chart if addon.name == KUEUE_ADDON else "") + text)
         out.print(f"wrote {path} ({len(addon.every_object)} objects)", markup=False)
     # An add-on the cluster no longer has (its last GPU pool removed, say)
     # must not linger in the folder and be applied by someone later.

@@ -248,3 +248,38 @@ def test_a_flavor_tolerates_its_pools_own_taints():
         flavor["spec"]["tolerations"]
     assert validate_kueue_object(flavor) == []
 
+
+def _shown_chart(output: str) -> dict:
+    """The chart `corral manifests` shows in its leading comment lines."""
+    comments = "\n".join(line[2:] for line in output.splitlines() if line.startswith("# "))
+    return YAML(typ="safe", pure=True).load(comments[comments.index("helmChart:"):comments.index("Add-on manifests")])
+
+
+def test_corral_manifests_shows_the_kueue_chart_it_does_not_apply(tmp_path):
+    from typer.testing import CliRunner
+
+    from .test_manifests import cli
+
+    app = cli()
+    result = CliRunner().invoke(app, ["manifests", "jaguar", "--clusters", str(ROOT / "clusters")])
+    assert result.exit_code == 0, result.output
+    chart = kueue.chart(FLEET.clusters["jaguar"])
+    assert _shown_chart(result.output)["helmChart"] == {
+        "release": "kueue", "chart": "oci://registry.k8s.io/kueue/charts/kueue",
+        "version": versions.KUEUE_CHART_VERSION, "namespace": "kueue-system", "values": chart.values}
+    # The comments are no object: what kubectl would apply from the stream has no manager ConfigMap of corral's.
+    documents = [d for d in YAML(typ="safe", pure=True).load_all(result.output) if d]
+    assert not [d for d in documents if d["kind"] == "ConfigMap" and d["metadata"]["name"] == kueue.MANAGER_CONFIGMAP]
+
+    # On the fleet's manager (heron, fleet.yaml) the shown configuration carries the multiKueue section.
+    result = CliRunner().invoke(app, ["manifests", "heron", "--clusters", str(ROOT / "clusters")])
+    assert result.exit_code == 0, result.output
+    values = _shown_chart(result.output)["helmChart"]["values"]
+    config = YAML(typ="safe", pure=True).load(values["managerConfig"]["controllerManagerConfigYaml"])
+    assert config["multiKueue"]["origin"] == "corral-research"
+
+    out = tmp_path / "manifests"
+    result = CliRunner().invoke(app, ["manifests", "jaguar", "--clusters", str(ROOT / "clusters"), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "# helmChart:" in (out / "kueue.yaml").read_text()
+    assert "helmChart" not in (out / "kueue-queues.yaml").read_text()
