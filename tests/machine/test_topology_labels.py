@@ -4,6 +4,8 @@ on 127.0.0.1, adds the cloud's topology labels to the kubelet's node-labels flag
 node's real join configuration, and joins without them (exit 0, a log line) when the cloud
 gives no topology. The fake EC2 checks the Signature Version 4 signature with corral's own
 signer (corral/health/cloud_api.py sigv4_authorization, tested against AWS's vectors).
+Both kubeadm forms of the flag are covered: heron (Kubernetes 1.30) renders a v1beta3
+JoinConfiguration (`node-labels: "..."`), ibis (1.31) a v1beta4 one (`- name: node-labels`).
 """
 
 from __future__ import annotations
