@@ -282,8 +282,10 @@ class Addons(pulumi.ComponentResource):
                 self.kueue_chart = _kueue_chart(
                     # On the fleet's manager the configuration carries its multiKueue section.
                     name, kueue.chart(cluster, manager_kueue_settings(cluster, fleet)),
+                    # Its CRDs are retained like the ConfigGroups' (RETAINED_KINDS): turning Kueue
+                    # off must not delete every Workload and queue of the cluster with them.
                     pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(
-                        depends_on=[self.groups[addon.name]])))
+                        depends_on=[self.groups[addon.name]], transforms=[_retain])))
             # Namespaces Kubernetes itself creates (default, kube-system, ...)
             # cannot be created again (pulumi-kubernetes >= 4.29 does not
             # upsert): their labels (Pod Security) are server-side patches.

@@ -132,6 +132,22 @@ def test_the_fleet_managers_multikueue_section_reaches_the_charts_values():
     assert "multiKueue" not in _config(alone.inputs["values"])
 
 
+def test_the_charts_crds_are_retained_like_the_config_groups(monkeypatch):
+    """The chart's children (its CRDs among them) pass through the same retain transform as the ConfigGroups'."""
+    from tests.manifests.test_addons_pulumi import Recorder
+
+    transforms: dict[str, int] = {}
+    register = Recorder.RegisterResource
+
+    def counting(self, request):
+        transforms[request.name] = len(request.transforms)
+        return register(self, request)
+
+    monkeypatch.setattr(Recorder, "RegisterResource", counting)
+    _addons(FLEET.clusters["jaguar"])
+    assert transforms["jaguar-addons-kueue-chart"] == transforms["jaguar-addons-kueue"] == 1
+
+
 def test_the_charts_pods_meet_the_namespaces_restricted_level():
     cluster = FLEET.clusters["jaguar"]
     namespace = next(o for o in kueue.before_chart(cluster) if o["kind"] == "Namespace")
