@@ -17,7 +17,11 @@ from typer.testing import CliRunner
 
 from corral.cli import app
 from corral.manifests import ManifestError, object_key, render
-from corral.manifests.fleet_addons import cluster_addons, load_fleet_beside, merge_fleet_objects
+from corral.manifests.fleet_addons import (
+    cluster_addons,
+    load_fleet_beside,
+    merge_fleet_objects,
+)
 from corral.model import load_fleet
 
 from .conftest import EXAMPLES, real_plan
@@ -168,3 +172,46 @@ def test_a_cluster_other_than_the_fleets_copy_is_refused():
     edited = fleet.manager.model_copy(update={"description": "another heron"})
     with pytest.raises(ManifestError, match="is not the one fleet research"):
         cluster_addons(edited, fleet)
+
+
+def _run_program_as_pulumi_up(stack: str, clusters: Path) -> list:
+    """`pulumi up -s <stack>`'s program under the mocks: main() with no cluster, which loads
+    clusters/<stack>.yaml and the fleet file itself (CORRAL_CLUSTERS names the folder)."""
+    import pulumi
+    from pulumi.runtime import settings
+    from pulumi.runtime.stack import run_pulumi_func
+    from pulumi.runtime.sync_await import _sync_await
+
+    from corral.infra import plan as plan_module
+    from corral.infra import program
+
+    config, secret_keys = plan_module.read_stack_config(plan_module.stack_config_file(stack, clusters))
+    monitor = plan_module.RecordingMonitor(plan_module.PlanMocks())
+    settings.ROOT.set(None)
+    pulumi.runtime.set_all_config(config, secret_keys)
+    pulumi.runtime.set_mocks(monitor.mocks, project=plan_module.PROJECT, stack=stack, preview=True, monitor=monitor)
+    try:
+        _sync_await(run_pulumi_func(program.main))
+    finally:
+        settings.ROOT.set(None)
+    return monitor.registrations
+
+
+def test_pulumi_up_loads_the_fleet_file_beside_the_clusters_folder(tmp_path, monkeypatch):
+    clusters = _fleet_folder(tmp_path, (EXAMPLES.parent / "fleet.yaml").read_text())
+    monkeypatch.setenv("CORRAL_CLUSTERS", str(clusters))
+    registrations = _run_program_as_pulumi_up("jaguar", clusters)
+    kinds = {(obj["kind"], obj["metadata"]["name"]) for r in registrations
+             if r.type == "kubernetes:yaml/v2:ConfigGroup" for obj in r.inputs["objs"]}
+    assert ("ClusterRole", MANAGER_ROLE) in kinds
+
+
+def test_pulumi_up_stops_at_a_broken_fleet_file_with_its_line(tmp_path, monkeypatch):
+    from corral.infra import program
+
+    text = (EXAMPLES.parent / "fleet.yaml").read_text().replace("teams: [robotics]", "teams: [robotix]")
+    clusters = _fleet_folder(tmp_path, text)
+    monkeypatch.setenv("CORRAL_CLUSTERS", str(clusters))
+    line = text.splitlines().index("  teams: [robotix]") + 1
+    with pytest.raises(program.ProgramError, match=rf"fleet.yaml:{line}:\d+: multiKueue.teams\[0\]: team 'robotix'"):
+        program.load_stack_fleet()
