@@ -210,7 +210,9 @@ def after_reset(state: dict | None, boot_id: str, reset_pcis: list[str], usec: i
 #   transitioning out of an eviction pressure condition", default 5m (kubernetes/website
 #   docs/tasks/administer-cluster/out-of-resource.md; kubelet eviction Config.PressureTransitionPeriod,
 #   kubernetes/kubernetes PR 25772). Five minutes is also far above the controller's 30 s settle time,
-#   so a fault that comes back within it is one steady taint the controller repairs.
+#   so a fault that comes back within it is one steady taint the controller repairs. So is a one-off
+#   device fault that cleared by itself (a link down once): on a GPU node that is suspect hardware,
+#   and a repair is followed by a burn-in, where a fabric-wide blip trips the circuit breaker instead.
 # - FLAP_ONSETS in FLAP_WINDOW_SECONDS: a fault that came back this often is flapping, and keeps the
 #   node tainted (message "flapping: N faults in M minutes") until a repair, however long it stays away
 #   between flaps: three onsets in half an hour is at least two returns after clearing, one more than a
