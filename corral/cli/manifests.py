@@ -66,8 +66,7 @@ def manifests(
     from corral.manifests.kueue import ADDON as KUEUE_ADDON, chart_comment
 
     # Kueue's Helm chart is no object of the file: shown as comments, what `pulumi up` installs.
-    kueue_chart = (chart_comment(cluster, manager_kueue_settings(cluster, fleet))
-                   if any(a.name == KUEUE_ADDON for a in addons) else "")
+    kueue_chart = chart_comment(cluster, addons, manager_kueue_settings(cluster, fleet))
     if out_dir is None:
         out.print(kueue_chart + to_yaml(cluster, all_objects(addons)), markup=False, end="")
         return

@@ -33,6 +33,7 @@ tests/manifests/test_kueue.py validates every object against that release's CRDs
 from __future__ import annotations
 
 import io
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ruamel.yaml import YAML
@@ -352,10 +353,13 @@ def manager_configmap(cluster: Cluster, multi_kueue: dict | None = None) -> dict
             "data": {MANAGER_CONFIG_KEY: _dump(manager_config(cluster, multi_kueue))}}
 
 
-def chart_comment(cluster: Cluster, multi_kueue: dict | None = None) -> str:
-    """The chart as YAML comment lines, for `corral manifests` (installed by `pulumi up`, not by the file)."""
+def chart_comment(cluster: Cluster, addons: Iterable, multi_kueue: dict | None = None) -> str:
+    """The chart as YAML comment lines, for `corral manifests` (installed by `pulumi up`, not by the file);
+    empty when `addons` (render.Addon) hold no Kueue add-on."""
     from ruamel.yaml.scalarstring import LiteralScalarString
 
+    if not any(addon.name == ADDON for addon in addons):
+        return ""
     installed = chart(cluster, multi_kueue)
     values = dict(installed.values)
     # The configuration as the block it is, not one escaped line.

@@ -66,11 +66,15 @@ def changed(before: Cluster, after: Cluster) -> set[str]:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_golden(name):
-    from corral.manifests.fleet_addons import cluster_addons, load_fleet_beside
+    from corral.manifests.fleet_addons import cluster_addons, load_fleet_beside, manager_kueue_settings
+    from corral.manifests.kueue import chart_comment
 
-    # What `corral manifests` prints and `pulumi up` applies: with the example fleet's MultiKueue objects.
+    # What `corral manifests` prints and `pulumi up` applies: with the example fleet's MultiKueue objects,
+    # and the Kueue chart it installs shown as comments.
     cluster = FLEET.clusters[name]
-    text = to_yaml(cluster, all_objects(cluster_addons(cluster, load_fleet_beside(EXAMPLES))))
+    fleet = load_fleet_beside(EXAMPLES)
+    addons = cluster_addons(cluster, fleet)
+    text = chart_comment(cluster, addons, manager_kueue_settings(cluster, fleet)) + to_yaml(cluster, all_objects(addons))
     path = GOLDEN / f"{name}.yaml"
     if UPDATE_GOLDEN:
         path.parent.mkdir(parents=True, exist_ok=True)
