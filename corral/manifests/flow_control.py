@@ -22,8 +22,9 @@ system:nodes anyway).
 Levels (flowcontrol.apiserver.k8s.io/v1, GA since Kubernetes 1.29):
 
 - `corral-nodes`: what runs for nodes: the per-node agents (corral-gpu-health,
-  flannel, kube-network-policies) and the approvers of joining nodes
-  (corral-node-approver, kubelet-csr-approver). One flow per service account
+  flannel, kube-network-policies), the approvers of joining nodes
+  (corral-node-approver, kubelet-csr-approver) and the repair controller
+  (corral-repair). One flow per service account
   (distinguisher ByUser), so a flood from one cannot starve another.
 - `corral-monitoring`: Prometheus and kube-state-metrics.
 - `corral-autoscaler`: the cluster-autoscaler.
@@ -101,7 +102,7 @@ class Level:
 def _service_accounts_of_nodes() -> tuple[tuple[str, str], ...]:
     from corral.health import addon
 
-    from . import network_policy, node_approver
+    from . import network_policy, node_approver, repair
 
     return (
         (addon.NAMESPACE, addon.NAME),
@@ -109,6 +110,9 @@ def _service_accounts_of_nodes() -> tuple[tuple[str, str], ...]:
         (network_policy.ENGINE_NAMESPACE, network_policy.ENGINE),
         (node_approver.NAMESPACE, node_approver.NAME),
         ("kube-system", "kubelet-csr-approver"),
+        # The repair controller: one Node watch per replica, a Lease in its own namespace (which the
+        # built-in leader-election schemas, kube-system's, do not cover) and a few writes per repair.
+        (repair.NAMESPACE, repair.NAME),
     )
 
 
