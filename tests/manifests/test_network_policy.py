@@ -111,7 +111,9 @@ def monitoring_connections(rendered: Rendered) -> list[tuple[str, str, int]]:
     for job in global_config["scrape_configs"]:
         for static in job.get("static_configs", []):
             for address in static["targets"]:
-                if ".svc:" in address:
+                # Targets in other namespaces (Kueue's metrics in kueue-system) are not connections
+                # inside corral-monitoring: its policies govern only what comes into its own pods.
+                if ".svc:" in address and address.split(".")[1] == NS:
                     service, port = _target(address)
                     connections += [(monitoring.GLOBAL_NAME, w, port) for w in rendered.behind(service)]
     for i in range(monitoring.shard_count(rendered.cluster)):
