@@ -176,6 +176,13 @@ def connection_vars(cluster: Cluster, pool: OnPremPool) -> dict[str, Any]:
         "ansible_user": ssh.user,
         "ansible_port": ssh.port,
         "ansible_ssh_private_key_file": ssh.private_key_file,
+        # The roles install packages and manage units as root; a site's login is a user
+        # with passwordless sudo (docs/onprem-hosts.md, doctor checks `sudo -n`), so every
+        # task runs through sudo, Ansible's default become method. ansible_become is the
+        # host-level switch (docs.ansible.com, playbook_guide/playbooks_privilege_escalation:
+        # become connection variables); tasks delegated to the controller use the
+        # controller's own variables, so they stay unprivileged.
+        "ansible_become": True if ssh.user != "root" else None,
     }
     return {key: value for key, value in found.items() if value is not None}
 
