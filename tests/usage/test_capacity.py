@@ -61,7 +61,7 @@ def clusters(tmp_path_factory) -> Path:
         (folder / f"{name}.yaml").write_text((ROOT / "clusters" / f"{name}.yaml").read_text())
     ibis = (folder / "ibis.yaml").read_text()
     ibis = _replace(ibis, "  - name: gpu-a100\n", synthetic.IBIS_H100_POOL_YAML + "  - name: gpu-a100\n")
-    ibis = _replace(ibis, "scheduling:\n  binPacking: true\n",
+    ibis = _replace(ibis, "scheduling:\n  binPacking: true\n  teams:\n",
                     "scheduling:\n  binPacking: true\n  teams:\n    - {name: research, namespaces: [research]}\n")
     (folder / "ibis.yaml").write_text(ibis)
     jaguar = (folder / "jaguar.yaml").read_text()
