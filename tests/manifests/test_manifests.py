@@ -496,9 +496,10 @@ def test_cli_writes_one_file_per_addon_and_removes_stale_ones(tmp_path):
     result = CliRunner().invoke(cli(), ["manifests", "jaguar", "--clusters", str(fleet), "--out", str(out)])
     assert result.exit_code == 0, result.output
     written = sorted(p.name for p in out.iterdir())
-    assert written == ["flannel.yaml", "flow-control.yaml", "gpu-health.yaml", "kubelet-csr-approver.yaml", "kueue-queues.yaml", "kueue.yaml", "monitoring.yaml", "network-policy.yaml",
+    assert written == ["flannel.yaml", "flow-control.yaml", "gpu-health.yaml", "kubelet-csr-approver.yaml",
+                       "kueue-queues.yaml", "kueue.yaml", "monitoring.yaml", "network-policy.yaml",
                        "node-approver.yaml", "notes.txt", "nvidia-device-plugin.yaml", "pod-security.yaml",
-                       "rdma-shared-device-plugin.yaml", "scheduling.yaml", "teams.yaml"]
+                       "rdma-shared-device-plugin.yaml", "repair.yaml", "scheduling.yaml", "teams.yaml"]
     assert "removed" in result.stdout
 
 
