@@ -14,16 +14,20 @@ from __future__ import annotations
 from pathlib import Path
 
 from corral.health import cloud_api
+from corral.machine import sigv4
 
 from . import policy
 
 CLOUD_API_CODE = Path(cloud_api.__file__)
 CLOUD_API_FILE = "cloud_api.py"
+# cloud_api.py imports its request signing from beside itself in the pod (corral is not installed there).
+SIGV4_CODE = Path(sigv4.__file__)
+SIGV4_FILE = "sigv4.py"
 
 
 def cloud_api_files() -> dict[str, str]:
     """The cloud client shipped in the add-on's ConfigMap, beside its code (standard library only)."""
-    return {CLOUD_API_FILE: CLOUD_API_CODE.read_text()}
+    return {CLOUD_API_FILE: CLOUD_API_CODE.read_text(), SIGV4_FILE: SIGV4_CODE.read_text()}
 
 
 def host_network_placement() -> dict:
