@@ -6,7 +6,8 @@ set on their own nodes, which Kueue's Topology for each cloud names as its level
   AWS    EC2 DescribeInstanceTopology for this instance (signed with Signature Version 4 with
          the instance's IMDSv2 role credentials): its networkNodeSet, the network nodes from
          the top layer down (EC2 API Reference, InstanceTopology: "null or empty if the
-         instance type is not supported"), as topology.k8s.aws/network-node-layer-1, -2,
+         instance type is not supported"; signed by corral/machine/sigv4.py, written beside
+         the script as the cloud client's pods ship it), as topology.k8s.aws/network-node-layer-1, -2,
          -3 (and -4 on types with four layers), the labels EKS sets (EKS User Guide, "Place
          distributed AI/ML workloads with network topology labels",
          docs.aws.amazon.com/eks/latest/userguide/ml-workload-topology.html). The pool's
@@ -36,14 +37,20 @@ script says why in the boot log (docs/scheduling.md: such nodes are one domain p
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from corral.model import Cluster
 
+from . import sigv4
 from .files import File, render
 from .kubeadm import KUBEADM_DIR
 from .kubelet_node import METADATA_URL
 from .part import Part, Phase
 
 SCRIPT = "/usr/local/sbin/corral-topology-labels"
+# Where the script finds corral's SigV4 signer (sigv4.py, the same file the cloud client's pods ship).
+LIB_DIR = "/usr/local/lib/corral"
+SIGV4_FILE = f"{LIB_DIR}/sigv4.py"
 JOIN_CONFIG = f"{KUBEADM_DIR}/join.yaml"    # pool_node.part's join configuration
 # EC2's regional Query API endpoint (AWS General Reference, "Amazon EC2 endpoints").
 EC2_URL = "https://ec2.{region}.amazonaws.com"
@@ -56,20 +63,27 @@ CLOUDS_WITH_TOPOLOGY = ("aws", "gcp")
 
 
 def render_script(cloud: str, metadata_url: str = METADATA_URL, ec2_url: str = EC2_URL,
-                  join_config: str = JOIN_CONFIG) -> str:
-    """The boot script for `cloud`; `metadata_url`, `ec2_url` and `join_config` replace the real
-    ones in tests only (a fake metadata server and EC2 API, a temporary join configuration)."""
+                  join_config: str = JOIN_CONFIG, lib_dir: str = LIB_DIR) -> str:
+    """The boot script for `cloud`; `metadata_url`, `ec2_url`, `join_config` and `lib_dir` replace the
+    real ones in tests only (a fake metadata server and EC2 API, a temporary join configuration)."""
     if cloud not in CLOUDS_WITH_TOPOLOGY:
         raise ValueError(f"no topology labels on cloud {cloud!r} (corral reads them on "
                          f"{', '.join(CLOUDS_WITH_TOPOLOGY)})")
     return render("scripts/topology-labels.py.j2", cloud=cloud, metadata_url=metadata_url, ec2_url=ec2_url,
-                  join_config=join_config, aws_layer_label=AWS_LAYER_LABEL, gcp_labels=list(GCP_LABELS))
+                  join_config=join_config, lib_dir=lib_dir, aws_layer_label=AWS_LAYER_LABEL,
+                  gcp_labels=list(GCP_LABELS))
+
+
+def sigv4_file() -> File:
+    """corral's SigV4 signer as a file on the machine (the script signs its EC2 call with it)."""
+    return File(SIGV4_FILE, Path(sigv4.__file__).read_text(), "0644")
 
 
 def part(cluster: Cluster) -> Part:
-    """The script, run after the join configuration is written and before the pool node's join
-    script (same phase, earlier part in roles.pool_node_role). Nothing on Azure."""
+    """The script (and on AWS its signer), run after the join configuration is written and before
+    the pool node's join script (same phase, earlier part in roles.pool_node_role). Nothing on Azure."""
     cloud = cluster.control_plane.cloud
     if cloud not in CLOUDS_WITH_TOPOLOGY:
         return Part(())
-    return Part((File(SCRIPT, render_script(cloud), "0755"),), (SCRIPT,), Phase.SERVICE)
+    files = (File(SCRIPT, render_script(cloud), "0755"), *((sigv4_file(),) if cloud == "aws" else ()))
+    return Part(files, (SCRIPT,), Phase.SERVICE)

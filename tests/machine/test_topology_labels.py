@@ -2,8 +2,9 @@
 rendered script, run with python3 against a FAKE metadata service and a FAKE EC2 Query API
 on 127.0.0.1, adds the cloud's topology labels to the kubelet's node-labels flag of the pool
 node's real join configuration, and joins without them (exit 0, a log line) when the cloud
-gives no topology. The fake EC2 checks the Signature Version 4 signature with corral's own
-signer (corral/health/cloud_api.py sigv4_authorization, tested against AWS's vectors).
+gives no topology. The script runs isolated (python3 -I: no corral on its path), with the
+signer file the part writes beside it; the fake EC2 checks the Signature Version 4 signature
+with corral's signer as imported here (proven against AWS's vectors in tests/health/test_cloud_api.py).
 Both kubeadm forms of the flag are covered: heron (Kubernetes 1.30) renders a v1beta3
 JoinConfiguration (`node-labels: "..."`), ibis (1.31) a v1beta4 one (`- name: node-labels`).
 """
@@ -23,7 +24,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from corral.health.cloud_api import sigv4_authorization
-from corral.machine import roles, topology_labels
+from corral.machine import roles, sigv4, topology_labels
 from corral.machine.kubeadm import KUBEADM_DIR
 from corral.manifests import kueue
 from corral.model import load_cluster
@@ -136,10 +137,15 @@ def _run(cloud_name: str, url: str, tmp_path: Path, name: str) -> tuple[subproce
     join = next(f for f in role.files if f.path == f"{KUBEADM_DIR}/join.yaml")
     config = tmp_path / "join.yaml"
     config.write_text(join.content)
+    # The machine's own copy of the signer, as the part writes it (AWS only).
+    for file in role.files:
+        if file.path == topology_labels.SIGV4_FILE:
+            (tmp_path / "sigv4.py").write_text(file.content)
     script = tmp_path / "corral-topology-labels"
     script.write_text(topology_labels.render_script(cloud_name, metadata_url=url, ec2_url=url,
-                                                    join_config=str(config)))
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+                                                    join_config=str(config), lib_dir=str(tmp_path)))
+    # -I: isolated, as on the machine: no corral on the path, only the files written here.
+    done = subprocess.run([sys.executable, "-I", str(script)], check=False, capture_output=True, text=True, timeout=60)
     return done, config
 
 
@@ -157,6 +163,10 @@ def test_the_pool_role_runs_the_script_before_the_join():
         assert topology_labels.SCRIPT in [f.path for f in role.files], name
         commands = role.commands
         assert commands.index(topology_labels.SCRIPT) < commands.index("/usr/local/sbin/corral-pool-node"), name
+    # AWS nodes get corral's one signer, byte for byte the module the cloud client's pods ship.
+    _, role = _pool_role("heron")
+    signer = next(f for f in role.files if f.path == topology_labels.SIGV4_FILE)
+    assert signer.content == Path(sigv4.__file__).read_text()
 
 
 def test_azure_pools_have_no_topology_part():
@@ -185,8 +195,8 @@ def test_aws_node_gets_the_network_node_layers_in_its_kubelet_labels(fake_cloud,
 def _run_again(url: str, config: Path, cloud_name: str) -> subprocess.CompletedProcess:
     script = config.parent / "again"
     script.write_text(topology_labels.render_script(cloud_name, metadata_url=url, ec2_url=url,
-                                                    join_config=str(config)))
-    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+                                                    join_config=str(config), lib_dir=str(config.parent)))
+    return subprocess.run([sys.executable, "-I", str(script)], check=False, capture_output=True, text=True, timeout=60)
 
 
 def test_gcp_node_gets_the_block_and_subblock_of_its_physical_host(fake_cloud, tmp_path):
