@@ -9,10 +9,10 @@ import pulumi
 import pulumi_aws as aws
 
 from corral.infra.platform import ClusterContext
-from corral.model import CloudPool, Cluster
-from corral.model.layout import node_group_name
 from corral.machine.rollout import SURGE_PERCENT, WARMUP_SECONDS, rolls_on_deploy
 from corral.machine.topology_labels import AWS_PERMISSIONS as TOPOLOGY_PERMISSIONS
+from corral.model import CloudPool, Cluster
+from corral.model.layout import node_group_name
 
 from .common import (
     check_zone,
