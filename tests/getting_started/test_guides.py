@@ -58,10 +58,16 @@ NOT_RUN = {
     "gcloud auth login": "opens a browser",
     "az login": "opens a browser",
     "gcloud auth application-default login": "opens a browser",
-    "corral join kite --pool gpu-h100-dc1":
-        "needs the hosts themselves; tests/nodes/test_join_hosts.py joins throwaway hosts the same way (hostlab tier)",
     "kubectl --kubeconfig alice.kubeconfig -n corral-monitoring port-forward svc/prometheus 9090":
         "runs until stopped; the test serves a fake Prometheus (CORRAL_PROMETHEUS_URL) instead",
+}
+
+
+# Commands this tier leaves to the hostlab tier, which runs them for real on
+# throwaway hosts that are the guide's own (names, addresses, user, key):
+# command -> the test module that runs it. Not `# not run`: they are run.
+ON_HOSTS = {
+    "corral join kite --pool gpu-h100-dc1 -e site-dc1.yaml": "tests.getting_started.test_onprem_hosts",
 }
 
 
@@ -177,10 +183,15 @@ class Reader:
             "CORRAL_PROMETHEUS_URL": self.prometheus.url, "FAKE_SSH_NETWORK": str(self.hosts.path),
         }
 
-    def run(self, *guides: Path) -> None:
+    def run(self, *guides: Path, until: str | None = None, on_hosts: bool = False) -> None:
         """Run the guides' steps, one after the other in one shell; fail with the first
-        command that failed or printed less than the guide shows."""
+        command that failed or printed less than the guide shows. `until`: stop after
+        that command; `on_hosts`: run ON_HOSTS' commands too (the hostlab tier)."""
         steps = [step for guide in guides for step in read_steps(guide)]
+        if until is not None:
+            steps = steps[:[s.text for s in steps].index(until) + 1]
+        if not on_hosts:
+            steps = [step for step in steps if step.text not in ON_HOSTS]
         if any(s.text.startswith("packer ") for s in steps) and not Path(REAL_PACKER).exists():
             pytest.skip(f"{REAL_PACKER} is not installed (apt-get install packer; scripts/install --test does): "
                         "the guide's `packer validate` is the real one")
@@ -237,6 +248,19 @@ def test_every_guide_is_there_and_every_not_run_command_is_listed_with_its_reaso
                 assert step.text in NOT_RUN, f"{step.label}: marked `# not run` but not listed in NOT_RUN"
                 marked[step.text] = step.not_run
     assert set(marked) == set(NOT_RUN), f"listed in NOT_RUN, in no guide: {set(NOT_RUN) - set(marked)}"
+
+
+def test_every_command_this_tier_leaves_out_is_run_by_a_hostlab_test():
+    """No command escapes: one left to the hostlab tier is in a guide, unmarked, and
+    the module named runs the guides up to it (its GUIDE_COMMAND) under the hostlab marker."""
+    import importlib
+
+    shown = {step.text: step for guide in all_guides() for step in read_steps(guide) if step.kind == "command"}
+    for command, module_name in ON_HOSTS.items():
+        assert command in shown and not shown[command].not_run, command
+        module = importlib.import_module(module_name)
+        assert module.GUIDE_COMMAND == command, module_name
+        assert module.pytestmark.name == "hostlab", module_name
 
 
 def a_guide(tmp_path: Path, text: str) -> Path:
