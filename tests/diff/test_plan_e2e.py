@@ -134,7 +134,7 @@ def test_pool_resize_touches_only_the_group_and_the_autoscaler(plans, name):
     found = [c for c in found if c not in monitoring]
     # Kueue's quotas follow the GPU pools' sizes (corral/model/kueue.py): a resized GPU pool
     # updates its ClusterQueues' nominal quota in place.
-    kueue = [c for c in found if c.name == f"{name}-addons-kueue"]
+    kueue = [c for c in found if c.name == f"{name}-addons-kueue-queues"]     # the queues, after the Kueue chart
     assert all(e.effect == "update" for c in kueue for e in c.changes)
     found = [c for c in found if c not in kueue]
     # The cluster-autoscaler add-on carries every pool's bounds (--nodes).
