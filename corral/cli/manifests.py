@@ -63,7 +63,8 @@ def manifests(
         err.print(f"ok: {count} objects valid against the Kubernetes {version.used} API schemas", markup=False)
 
     from corral.manifests.fleet_addons import manager_kueue_settings
-    from corral.manifests.kueue import ADDON as KUEUE_ADDON, chart_comment
+    from corral.manifests.kueue import ADDON as KUEUE_ADDON
+    from corral.manifests.kueue import chart_comment
 
     # Kueue's Helm chart is no object of the file: shown as comments, what `pulumi up` installs.
     kueue_chart = chart_comment(cluster, addons, manager_kueue_settings(cluster, fleet))

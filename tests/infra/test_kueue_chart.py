@@ -17,7 +17,8 @@ from .conftest import EXAMPLES, real_plan
 
 pytest.importorskip("pulumi_kubernetes")
 
-from tests.manifests.test_addons_pulumi import CLOUD_SETTINGS, plan as recorded_plan  # noqa: E402
+from tests.manifests.test_addons_pulumi import CLOUD_SETTINGS
+from tests.manifests.test_addons_pulumi import plan as recorded_plan
 
 CHART_TYPE = "kubernetes:helm.sh/v4:Chart"
 FLEET = load_fleet([EXAMPLES])
