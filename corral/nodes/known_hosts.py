@@ -29,6 +29,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import os
 import shlex
 import subprocess
 from collections.abc import Callable, Iterable
@@ -168,8 +169,11 @@ def jump_login(jump: JumpHost, user: str | None, private_key_file: str | None, k
         argv += ["-o", f"UserKnownHostsFile={ssh_path(known_hosts)}"]
     argv += ["-o", f"HostKeyAlias={jump.host}", "-p", str(jump.port)]
     if private_key_file:
-        # ssh expands a leading ~ of -i itself (ssh.c: tilde_expand_filename).
-        argv += ["-i", private_key_file, "-o", "IdentitiesOnly=yes"]
+        # `~` as the join's own connection reads it: ansible-core's ssh plugin expands IdentityFile
+        # with os.path.expanduser ($HOME; plugins/connection/ssh.py), while ssh(1) would take the
+        # passwd entry's home (ssh.c: tilde_expand_filename): another key whenever $HOME is set
+        # elsewhere, so the jump host and the host would be reached with different keys.
+        argv += ["-i", os.path.expanduser(private_key_file), "-o", "IdentitiesOnly=yes"]
     if jump.user or user:
         argv += ["-l", jump.user or user]
     return argv + [jump.host]

@@ -311,3 +311,14 @@ def test_a_relative_cluster_path_gives_an_absolute_known_hosts_path(tmp_path, mo
     assert cluster.known_hosts_file == tmp_path / "clusters" / "jaguar.known_hosts"
     args = build(cluster)["_meta"]["hostvars"]["gpu-065.sf1.internal"]["ansible_ssh_common_args"]
     assert f"UserKnownHostsFile={tmp_path / 'clusters' / 'jaguar.known_hosts'}" in shlex.split(args)
+
+
+def test_the_jump_login_reads_the_key_where_the_join_does(monkeypatch, tmp_path):
+    # ansible-core expands the host's IdentityFile from $HOME; the jump host's ssh must take the
+    # same file, not ssh(1)'s passwd-home reading of a literal `~`.
+    from corral.model.schema import JumpHost
+    from corral.nodes.known_hosts import jump_login
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    argv = jump_login(JumpHost(host="bastion.sf1.internal"), "corral", "~/.ssh/corral_sf1", None)
+    assert argv[argv.index("-i") + 1] == f"{tmp_path}/.ssh/corral_sf1"
