@@ -60,8 +60,9 @@ def with_failure_budget(tmp_path, name: str, max_failed: int):
     text = (ROOT / "clusters" / f"{name}.yaml").read_text()
     folder = tmp_path / "clusters"
     folder.mkdir()
-    assert "health:" not in text
-    (folder / f"{name}.yaml").write_text(text + f"health:\n  remediation:\n    maxFailedNodes: {max_failed}\n")
+    budget = f"  remediation:\n    maxFailedNodes: {max_failed}\n"
+    text = text.replace("health:\n", "health:\n" + budget, 1) if "\nhealth:\n" in text else text + "health:\n" + budget
+    (folder / f"{name}.yaml").write_text(text)
     return folder
 
 
