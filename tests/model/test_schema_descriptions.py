@@ -4,6 +4,7 @@ carried into the JSON Schema (issue 26, item 5)."""
 from __future__ import annotations
 
 import json
+import typing
 from typing import Any
 
 from pydantic import BaseModel
@@ -81,12 +82,32 @@ def test_every_property_of_the_generated_schema_has_a_description():
     assert not missing, "fields without description= in corral/model/schema.py: " + ", ".join(missing)
 
 
+def _reachable_models(root: type[BaseModel]) -> dict[str, type[BaseModel]]:
+    """Every model class a field of `root` holds, however nested (lists, unions, Annotated), by class
+    name: the cluster file's sections live in schema.py and in modules of their own (auto_repair, ...)."""
+    found: dict[str, type[BaseModel]] = {}
+
+    def walk(annotation: Any) -> None:
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            if annotation.__name__ not in found:
+                found[annotation.__name__] = annotation
+                for field in annotation.model_fields.values():
+                    walk(field.annotation)
+            return
+        for argument in typing.get_args(annotation):
+            walk(argument)
+
+    walk(root)
+    return found
+
+
 def _models_in_schema(committed: dict[str, Any]) -> dict[str, type[BaseModel]]:
     """The model classes behind the schema's root and definitions, by definition name."""
+    reachable = _reachable_models(cluster_schema.Cluster)
     models: dict[str, type[BaseModel]] = {"Cluster": cluster_schema.Cluster}
     for name in committed["$defs"]:
-        model = getattr(cluster_schema, name, None)
-        assert isinstance(model, type) and issubclass(model, BaseModel), f"$defs/{name} is no model in schema.py"
+        model = reachable.get(name)
+        assert model is not None, f"$defs/{name} is no model the Cluster model holds"
         models[name] = model
     return models
 
