@@ -96,6 +96,16 @@ def _series(name: str, labels: dict[str, str], values) -> list[str]:
     return [f"{name}{{{text}}} {value} {t}" for t, value in values]
 
 
+def openmetrics_text(families: dict[str, list[str]]) -> str:
+    """OpenMetrics text of gauge families (name -> sample lines), as promtool backfills it."""
+    lines = []
+    for name, samples in families.items():
+        lines.append(f"# TYPE {name} gauge")
+        lines.extend(samples)
+    lines.append("# EOF")
+    return "\n".join(lines) + "\n"
+
+
 def openmetrics() -> str:
     """Every series, grouped by metric family, samples in time order; ends with # EOF."""
     families: dict[str, list[str]] = {}
@@ -149,12 +159,7 @@ def openmetrics() -> str:
     # namespace label, so it counts for nobody.
     add("DCGM_FI_DEV_GPU_UTIL", {"gpu": "7", "node": "gpu-006", "modelName": "NVIDIA H100 80GB HBM3"},
         [(t, 100) for t in grid()])
-    lines = []
-    for name, samples in families.items():
-        lines.append(f"# TYPE {name} gauge")
-        lines.extend(samples)
-    lines.append("# EOF")
-    return "\n".join(lines) + "\n"
+    return openmetrics_text(families)
 
 
 TEAM_OF = {"robotics": "robotics", "vision": "vision", "vision-dev": "vision", "nlp": "nlp"}

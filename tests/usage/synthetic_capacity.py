@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .synthetic import openmetrics_text
+
 STEP = 60
 AT = 1_748_822_400          # 2025-06-02T00:00:00Z: a fixed past time
 START = AT - 3600
@@ -165,9 +167,4 @@ def openmetrics(cluster: str) -> str:
         add("kube_pod_container_resource_requests", {**labels, "resource": "cpu", "unit": "core"}, 8)
         if pod.init_gpus:
             add("kube_pod_init_container_resource_requests", {**labels, "container": "init"}, pod.init_gpus)
-    lines = []
-    for name, samples in families.items():
-        lines.append(f"# TYPE {name} gauge")
-        lines.extend(samples)
-    lines.append("# EOF")
-    return "\n".join(lines) + "\n"
+    return openmetrics_text(families)
