@@ -318,6 +318,11 @@ def chart_values(cluster: Cluster, multi_kueue: dict | None = None) -> dict:
             # The chart's default repository is the staging registry with pullPolicy Always
             # (values.yaml at the tag): the promoted image, pinned, pulled once.
             "image": {"repository": repository, "tag": tag, "pullPolicy": "IfNotPresent"},
+            # Kueue's webhooks admit every queued Job and its pods: evicted under pressure, it would
+            # stop job creation cluster-wide. The chart's own suggestion (values.yaml at the tag,
+            # commented `priorityClassName: "system-cluster-critical"`; templates/manager/manager.yaml
+            # sets it), as corral's node approver has.
+            "priorityClassName": "system-cluster-critical",
             # The chart's defaults, set here so kueue-system's restricted level holds
             # whatever a later chart says (Pod Security "restricted": non-root, seccomp
             # RuntimeDefault, no privilege escalation, capabilities dropped).

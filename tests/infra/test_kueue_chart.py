@@ -162,3 +162,9 @@ def test_the_charts_pods_meet_the_namespaces_restricted_level():
     assert manager["containerSecurityContext"]["capabilities"]["drop"] == ["ALL"]
     # KueueViz's pods (frontend and backend) would be other pods under the level: off.
     assert kueue.chart_values(cluster)["enableKueueViz"] is False
+
+
+def test_the_kueue_manager_runs_at_cluster_critical_priority():
+    # Its webhooks admit every queued Job: evicting it would stop job creation cluster-wide.
+    manager = kueue.chart_values(FLEET.clusters["jaguar"])["controllerManager"]["manager"]
+    assert manager["priorityClassName"] == "system-cluster-critical"
