@@ -626,16 +626,25 @@ def _burn_in_baselines(cluster: Cluster) -> Iterator[Finding]:
     so its nodes would never be admitted. Said here, before a node boots, once per GPU model."""
     burn_in = cluster.health.burn_in
     if not burn_in.enabled:
+        if cluster.health.auto_repair.enabled:
+            # The repair controller readmits a node only after a passed burn-in of its repair: without
+            # burn-ins every repaired node would wait, escalate and end in RMA.
+            yield ("health", "burnIn", "enabled"), (
+                "automatic repair (health.autoRepair.enabled, on by default) readmits a repaired node only "
+                "after its burn-in passes: keep burnIn enabled, or set health.autoRepair.enabled: false")
         return
     lacking: dict[str, list[str]] = {}
     for i, pool in enumerate(cluster.node_pools):
         gpu = pool.gpu
         # One GPU: no all-reduce to measure (busbw = algbw * 2(n-1)/n).
-        if gpu is None or gpu.count < 2 or gpu.model in burn_in.nccl_min_bus_gbps or baseline(gpu.model, gpu.count):
+        if gpu is None or gpu.count < 2 or gpu.model in burn_in.nccl_min_bus_gbps \
+                or baseline(gpu.model, gpu.count, gpu.fabric_manager):
             continue
         if isinstance(pool, CloudPool) and next(_cloud_gpu(pool, ("nodePools", i)), None):
             continue    # its gpu block is refused already (_cloud_gpu): the baseline waits for the real model and count
-        lacking.setdefault(gpu.model, []).append(f"{gpu.count} x {gpu.model} (pool {pool.name})")
+        pcie = not gpu.fabric_manager and baseline(gpu.model, gpu.count, nvswitch=True)
+        lacking.setdefault(gpu.model, []).append(
+            f"{gpu.count} x {gpu.model}{' without NVSwitch' if pcie else ''} (pool {pool.name})")
     for model, pools in lacking.items():
         yield ("health", "burnIn", "ncclMinBusGBps", model), (
             f"no published all-reduce baseline for {' or '.join(pools)}: run all_reduce_perf on a known-good "

@@ -189,9 +189,16 @@ def breaker_trips(unhealthy_recent: int, pool_size: int, faulty_percent: int, mi
     return unhealthy_recent >= min_nodes and unhealthy_recent * 100 > faulty_percent * pool_size
 
 
+# A domain fails only when at least this many of its nodes turned unhealthy: one faulty node is that
+# node's fault, however small its domain (a cloud pool often has two nodes in a GKE sub-block or an
+# EKS network node, and one Xid must not cordon the healthy neighbour and wait for a person).
+MIN_DOMAIN_FAILURES = 2
+
+
 def rack_fails(unhealthy_recent: int, domain_size: int, unhealthy_percent: int) -> bool:
-    """At least unhealthyPercent of a domain (of two nodes or more) turned unhealthy within the window."""
-    return domain_size >= 2 and unhealthy_recent >= 1 and unhealthy_recent * 100 >= unhealthy_percent * domain_size
+    """At least unhealthyPercent of a domain, and at least MIN_DOMAIN_FAILURES of its nodes, turned
+    unhealthy within the window."""
+    return unhealthy_recent >= MIN_DOMAIN_FAILURES and unhealthy_recent * 100 >= unhealthy_percent * domain_size
 
 
 def may_readmit(node: NodeView) -> bool:

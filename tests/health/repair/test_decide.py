@@ -237,6 +237,13 @@ def test_half_a_rack_failing_cordons_the_rack_and_repairs_none_of_it(shipped):
     assert cordoned == ["r2-0"]                                        # the other rack's fault is repaired
     # One node of four is a quarter: below 50%.
     assert not decide.rack_fails(1, 4, 50) and decide.rack_fails(2, 4, 50) and not decide.rack_fails(1, 1, 50)
+    # One faulty node of a two-node domain (a cloud sub-block) is that node's fault, not the domain's:
+    # it is repaired, and its healthy neighbour is not cordoned.
+    assert not decide.rack_fails(1, 2, 50) and decide.rack_fails(2, 2, 50)
+    pair = [node("a-0", labels={"corral.dev/rack": "a"}, unhealthy_at=NOW - 60),
+            node("a-1", labels={"corral.dev/rack": "a"})]
+    result = plan(decide, pair + [node(f"y{i}") for i in range(8)])
+    assert not result.racks and [name for name, _ in result.cordon] == ["a-0"]
 
 
 def test_the_rack_rule_counts_only_the_window(shipped):
