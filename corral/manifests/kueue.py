@@ -84,10 +84,11 @@ PRIORITY_CLASSES = (
 ONPREM_LEVELS = (policy.POOL_LABEL, RACK_LABEL, HOSTNAME_LABEL)
 # GCE: the reservation's block and sub-block of the VM (cloud.google.com/ai-hypercomputer
 # docs, "View the topology of GKE nodes": cloud.google.com/gce-topology-block,
-# -subblock, -host). GKE sets them; on corral's own nodes a node agent has to.
+# -subblock, -host). GKE sets them; on corral's nodes the boot part corral/machine/topology_labels.py.
 GCP_LEVELS = ("cloud.google.com/gce-topology-block", "cloud.google.com/gce-topology-subblock", HOSTNAME_LABEL)
 # AWS: the instance's network nodes, layer 1 broadest (docs.aws.amazon.com/eks/latest/
-# userguide/ml-workload-topology.html, from DescribeInstanceTopology). EKS sets them.
+# userguide/ml-workload-topology.html, from DescribeInstanceTopology). EKS sets them; corral's
+# nodes too (corral/machine/topology_labels.py).
 AWS_LEVELS = ("topology.k8s.aws/network-node-layer-1", "topology.k8s.aws/network-node-layer-2",
               "topology.k8s.aws/network-node-layer-3", HOSTNAME_LABEL)
 # Azure has no standard node label for a VM's network position (proximity
@@ -154,9 +155,21 @@ def _dump(data: dict) -> str:
 
 
 def flavor_topology(cluster: Cluster, flavor: FlavorQuota) -> str | None:
-    """The Topology of a flavor's pools: one provider's, or none when its pools mix providers."""
-    providers = {cluster.pool(name).provider for name in flavor.pools}
-    return topology_name(providers.pop()) if len(providers) == 1 else None
+    """The Topology of a flavor's pools, only where every node the flavor can use exists and carries
+    every level: on-prem pools with racks (each joined host registers with its rack).
+
+    A ClusterQueue whose flavors all have a topology places every workload by topology, annotation or
+    not (KEP-2724, implicit TAS defaulting), and at v0.12 the topology snapshot holds only nodes that
+    exist and carry all the levels' labels (pkg/cache/tas_flavor.go lists nodes HasLabels(levels)).
+    So a cloud pool would never admit: at size 0 there is no node to place on and the autoscaler,
+    which scales up for pending pods, never sees one (Kueue keeps the Job suspended); and a machine
+    type the cloud reports no topology for joins without the labels (corral/machine/topology_labels.py).
+    Cloud flavors are placed by quota until Kueue places topology onto nodes the autoscaler will make;
+    an on-prem pool without racks likewise (its nodes carry no corral.dev/rack)."""
+    pools = [cluster.pool(name) for name in flavor.pools]
+    if pools and all(pool.provider == "onprem" and pool.racks for pool in pools):
+        return topology_name("onprem")
+    return None
 
 
 def resource_flavor(cluster: Cluster, flavor: FlavorQuota) -> dict:

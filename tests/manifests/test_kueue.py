@@ -52,7 +52,9 @@ def test_the_example_clusters_enable_kueue_and_a_cluster_without_it_renders_none
 @pytest.mark.parametrize("name", WITH_KUEUE)
 def test_every_kueue_object_validates_against_the_pinned_crds_and_their_cel_rules(name):
     objects = [o for o in all_objects(render(FLEET.clusters[name])) if o["apiVersion"].startswith("kueue.x-k8s.io/")]
-    assert {o["kind"] for o in objects} == {"Topology", "ResourceFlavor", "ClusterQueue", "LocalQueue"}
+    # A Topology only where a flavor uses one: jaguar's racked on-prem pools (flavor_topology).
+    topology = {"Topology"} if name == "jaguar" else set()
+    assert {o["kind"] for o in objects} == {"ResourceFlavor", "ClusterQueue", "LocalQueue"} | topology
     problems = [p for o in objects for p in validate_kueue_object(o)]
     assert problems == []
 
@@ -105,11 +107,10 @@ def test_flavors_select_gpu_model_and_team_and_name_their_topology():
 
 
 def test_cloud_topologies_use_the_clouds_labels():
-    heron = of_kind(kueue_objects(FLEET.clusters["heron"]), "Topology")
-    assert [lvl["nodeLabel"] for lvl in heron["corral-aws"]["spec"]["levels"]] == [
+    assert kueue.TOPOLOGY_LEVELS["aws"] == (
         "topology.k8s.aws/network-node-layer-1", "topology.k8s.aws/network-node-layer-2",
-        "topology.k8s.aws/network-node-layer-3", "kubernetes.io/hostname"]
-    for provider in ("gcp", "azure"):
+        "topology.k8s.aws/network-node-layer-3", "kubernetes.io/hostname")
+    for provider in ("aws", "gcp", "azure"):
         topology = {"apiVersion": kueue.TOPOLOGY_API, "kind": "Topology",
                     "metadata": {"name": kueue.topology_name(provider)},
                     "spec": {"levels": [{"nodeLabel": label} for label in kueue.TOPOLOGY_LEVELS[provider]]}}
@@ -283,3 +284,22 @@ def test_corral_manifests_shows_the_kueue_chart_it_does_not_apply(tmp_path):
     assert result.exit_code == 0, result.output
     assert "# helmChart:" in (out / "kueue.yaml").read_text()
     assert "helmChart" not in (out / "kueue-queues.yaml").read_text()
+
+
+@pytest.mark.parametrize("name", ["heron", "ibis"])
+def test_cloud_flavors_are_placed_by_quota_not_by_a_topology_kueue_could_never_fill(name):
+    # At v0.12 a topology flavor admits only onto nodes that exist and carry every level: a cloud
+    # pool at size 0 (heron's gpu-a10g, every ibis GPU pool) would never admit, and the autoscaler
+    # never sees a pod to scale up for.
+    flavors = of_kind(kueue_objects(FLEET.clusters[name]), "ResourceFlavor")
+    assert flavors and all("topologyName" not in f["spec"] for f in flavors.values())
+
+
+def test_an_onprem_pool_without_racks_gets_no_topology():
+    cluster = FLEET.clusters["jaguar"]
+    pool = next(p for p in cluster.node_pools if p.provider == "onprem" and p.racks)
+    flavor = next(f for q in kueue.cluster_quotas(cluster) for f in q.flavors if pool.name in f.pools)
+    assert kueue.flavor_topology(cluster, flavor) == "corral-onprem"
+    unracked = cluster.model_copy(update={"node_pools": [
+        p.model_copy(update={"racks": None}) if p.name == pool.name else p for p in cluster.node_pools]})
+    assert kueue.flavor_topology(unracked, flavor) is None
