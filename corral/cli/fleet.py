@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated
@@ -25,6 +26,9 @@ from .common import (
 )
 
 
+_FLEET_KIND = re.compile(r"^kind:\s*Fleet\s*$", re.M)
+
+
 def _etcd_summary(cluster) -> str:
     etcd = cluster.control_plane.etcd
     return f"{etcd.members}x {etcd.disk.type} {etcd.disk.iops:,} IOPS"
@@ -34,11 +38,19 @@ def validate(
     paths: Annotated[list[Path] | None, typer.Argument(help="Cluster files or folders (default: --clusters).")] = None,
     clusters: ClustersOption = DEFAULT_CLUSTERS,
 ) -> None:
-    """Check cluster files against the schema and the fleet rules, and their stack files for placeholders."""
+    """Check cluster files against the schema and the fleet rules, their stack files for placeholders,
+    and the fleet file (fleet.yaml beside the clusters folder, or one named) with the clusters it names."""
+    from corral.manifests.fleet_addons import fleet_file_beside
     from corral.model import ValidationFailed
     from corral.model.stack import placeholder_problems, stack_file_beside
 
-    fleet = fleet_or_exit(paths or [clusters])
+    given = list(paths or [])
+    # A fleet file named on the command line is checked as one (kind: Fleet), not as a cluster file.
+    fleet_files = [p for p in given if p.is_file() and _FLEET_KIND.search(p.read_text(errors="replace"))]
+    cluster_paths = [p for p in given if p not in fleet_files] or [clusters]
+    if not given and fleet_file_beside(clusters).is_file():
+        fleet_files = [fleet_file_beside(clusters)]
+    fleet = fleet_or_exit(cluster_paths)
     stack_problems = []
     for cluster in fleet:
         stack = stack_file_beside(fleet.documents[cluster.name].path.parent, cluster.name)
@@ -58,6 +70,17 @@ def validate(
             f"and {cluster.gpu_capacity:,} GPUs)",
             markup=False,
         )
+    for path in fleet_files:
+        from corral.model.fleet import load_fleet_file
+
+        try:
+            spec = load_fleet_file(path, clusters).spec
+        except ValidationFailed as failed:
+            report_problems(failed)
+        kueue = spec.multi_kueue
+        shown = path.relative_to(Path.cwd()) if path.is_absolute() and path.is_relative_to(Path.cwd()) else path
+        out.print(f"ok {shown}: fleet {spec.name} (MultiKueue manager {kueue.manager}, "
+                  f"workers {', '.join(kueue.workers)})", markup=False)
 
 
 def list_clusters(clusters: ClustersOption = DEFAULT_CLUSTERS) -> None:

@@ -398,11 +398,13 @@ def _cgroup_dirs(group: str) -> list[Path]:
 def _cgroup_pids(dirs: Iterable[Path]) -> set[int]:
     pids: set[int] = set()
     for d in dirs:
-        if not d.exists():
-            continue
-        for procs in d.rglob("cgroup.procs"):
-            with contextlib.suppress(OSError):
-                pids.update(int(p) for p in procs.read_text().split())
+        # os.walk, not Path.rglob: the tree shrinks while its hosts power off, and rglob raised
+        # FileNotFoundError on a sub-cgroup that went between listing and entering it (os.walk
+        # skips what it cannot list).
+        for root, _subdirs, files in os.walk(d):
+            if "cgroup.procs" in files:
+                with contextlib.suppress(OSError, ValueError):
+                    pids.update(int(p) for p in (Path(root) / "cgroup.procs").read_text().split())
     return pids
 
 
@@ -411,7 +413,8 @@ def _cgroup_remove(dirs: Iterable[Path], timeout: float = 10) -> None:
     deadline = time.monotonic() + timeout
     for d in dirs:
         while d.exists():
-            subdirs = sorted((p for p in d.rglob("*") if p.is_dir()),
+            # Deepest first; os.walk skips what vanished meanwhile (see _cgroup_pids).
+            subdirs = sorted((Path(root) / name for root, names, _ in os.walk(d) for name in names),
                              key=lambda p: len(p.parts), reverse=True)
             busy = False
             for sd in subdirs + [d]:

@@ -170,3 +170,26 @@ def test_the_example_fleet_is_hybrid_and_valid_over_the_example_clusters():
     assert workers_agree(fleet) == []
     kueue_objects = [o for o in manager_objects(fleet) if o["apiVersion"].startswith("kueue.x-k8s.io/")]
     assert [p for o in kueue_objects for p in validate_kueue_object(o)] == []
+
+
+# --- corral validate checks the fleet file too ------------------------------------
+
+
+def test_corral_validate_checks_the_fleet_file_beside_the_clusters_and_one_named(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from corral.cli import app
+
+    clusters = folder(tmp_path)
+    (tmp_path / FLEET_FILE).write_text(EXAMPLE_FLEET.read_text())
+    monkeypatch.chdir(tmp_path)
+    beside = CliRunner().invoke(app, ["validate", "--clusters", str(clusters)])
+    assert beside.exit_code == 0, beside.output
+    assert "ok fleet.yaml: fleet research (MultiKueue manager heron, workers jaguar, ibis)" in beside.output
+    # Named on the command line it is read as a fleet file, not refused as a cluster file.
+    broken = tmp_path / "other.yaml"
+    broken.write_text(EXAMPLE_FLEET.read_text().replace("manager: heron", "manager: heronn"))
+    named = CliRunner().invoke(app, ["validate", str(broken), "--clusters", str(clusters)])
+    assert named.exit_code == 1
+    assert f"{broken}:" in named.output and "multiKueue.manager: no cluster 'heronn'" in named.output
+    assert "unknown key" not in named.output and "Traceback" not in named.output
