@@ -48,14 +48,6 @@ BASELINES: tuple[Baseline, ...] = (
 # topology), nor for other GPU counts of the models above: no row, so an explicit minimum is needed.
 
 
-def baseline(gpu_model: str, gpus: int, nvswitch: bool) -> Baseline | None:
-    """The published baseline for `gpus` GPUs of `gpu_model` in one node, or None.
-
-    Every row was measured on GPUs joined by NVSwitch (NVLink on GB200). The catalog files PCIe and
-    NVL cards under the same model names (an H100 NVL is "H100", an A100 PCIe "A100"), whose all-reduce
-    crosses PCIe at a fraction of those figures: a node without NVSwitch (the pool's
-    gpu.fabricManager, which the cluster file's rules hold to the machine) gets no baseline, so its
-    burn-in needs the file's own ncclMinBusGBps instead of failing every node against an SXM figure."""
-    if not nvswitch:
-        return None
+def baseline(gpu_model: str, gpus: int) -> Baseline | None:
+    """The published baseline for `gpus` GPUs of `gpu_model` in one node, or None."""
     return next((b for b in BASELINES if b.gpu_model == gpu_model and b.gpus == gpus), None)

@@ -637,14 +637,11 @@ def _burn_in_baselines(cluster: Cluster) -> Iterator[Finding]:
     for i, pool in enumerate(cluster.node_pools):
         gpu = pool.gpu
         # One GPU: no all-reduce to measure (busbw = algbw * 2(n-1)/n).
-        if gpu is None or gpu.count < 2 or gpu.model in burn_in.nccl_min_bus_gbps \
-                or baseline(gpu.model, gpu.count, gpu.fabric_manager):
+        if gpu is None or gpu.count < 2 or gpu.model in burn_in.nccl_min_bus_gbps or baseline(gpu.model, gpu.count):
             continue
         if isinstance(pool, CloudPool) and next(_cloud_gpu(pool, ("nodePools", i)), None):
             continue    # its gpu block is refused already (_cloud_gpu): the baseline waits for the real model and count
-        pcie = not gpu.fabric_manager and baseline(gpu.model, gpu.count, nvswitch=True)
-        lacking.setdefault(gpu.model, []).append(
-            f"{gpu.count} x {gpu.model}{' without NVSwitch' if pcie else ''} (pool {pool.name})")
+        lacking.setdefault(gpu.model, []).append(f"{gpu.count} x {gpu.model} (pool {pool.name})")
     for model, pools in lacking.items():
         yield ("health", "burnIn", "ncclMinBusGBps", model), (
             f"no published all-reduce baseline for {' or '.join(pools)}: run all_reduce_perf on a known-good "

@@ -48,10 +48,8 @@ def test_every_baseline_is_a_known_model_with_its_source():
     for row in baselines.BASELINES:
         assert row.gpu_model in GPU_MODELS and row.gpus >= 2 and row.bus_gbps > 0
         assert row.source.startswith("Azure/AI-benchmarking-guide, ") and "1G row" in row.source
-    assert baselines.baseline("H100", 8, nvswitch=True).bus_gbps == 466.35
-    assert baselines.baseline("H100", 4, nvswitch=True) is None and baselines.baseline("L40S", 8, nvswitch=True) is None
-    # 8 x H100 NVL or A100 PCIe (the catalog's same model names) on PCIe: the SXM figure never applies.
-    assert baselines.baseline("H100", 8, nvswitch=False) is None and baselines.baseline("A100", 8, nvswitch=False) is None
+    assert baselines.baseline("H100", 8).bus_gbps == 466.35
+    assert baselines.baseline("H100", 4) is None and baselines.baseline("L40S", 8) is None
 
 
 def test_the_agent_config_carries_each_pools_baseline_and_explicit_minimum():
@@ -138,18 +136,6 @@ def test_automatic_repair_without_burn_in_is_a_cluster_file_error(tmp_path):
     assert problem.field_path == "health.burnIn.enabled" and "autoRepair" in problem.message
     assert problem.line == path.read_text().splitlines().index("    enabled: false") + 1
 
-
-def test_a_pool_without_nvswitch_gets_no_sxm_baseline(tmp_path):
-    # 8 x H100 on PCIe (an H100 NVL server): the catalog calls them H100, but the published 8 x H100
-    # figure is an NVSwitch one; the file must give the floor.
-    text = (ROOT / "clusters" / "jaguar.yaml").read_text().replace("fabricManager: true", "fabricManager: false")
-    path = tmp_path / "jaguar.yaml"
-    path.write_text(text)
-    with pytest.raises(ValidationFailed) as refused:
-        load_cluster(path)
-    messages = [f"{p.field_path}: {p.message}" for p in refused.value.problems]
-    assert any(m.startswith("health.burnIn.ncclMinBusGBps.H100: no published all-reduce baseline for "
-                            "8 x H100 without NVSwitch") for m in messages), messages
 
 
 def test_one_gpu_pools_need_no_baseline(tmp_path):

@@ -31,7 +31,9 @@ def test_validate_ok_prints_one_line_per_cluster():
     result = runner.invoke(app, ["validate", "--clusters", str(EXAMPLES)])
     assert result.exit_code == 0, result.output
     lines = result.stdout.strip().splitlines()
-    assert [line.split(":")[0] for line in lines] == [f"ok {EXAMPLES}/{n}.yaml" for n in ("heron", "ibis", "jaguar")]
+    assert [line.split(":")[0] for line in lines[:3]] == [f"ok {EXAMPLES}/{n}.yaml" for n in ("heron", "ibis", "jaguar")]
+    # Then the fleet file beside the clusters folder, checked with them.
+    assert len(lines) == 4 and lines[3].startswith("ok ") and "fleet.yaml: fleet research" in lines[3]
 
 
 def test_validate_reports_problems_and_exits_1(fleet_dir):
