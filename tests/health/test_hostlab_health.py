@@ -153,6 +153,9 @@ def rig(hostlab, hostlab_repo, tmp_path_factory):
                       infiniband_sysfs=str(Path(IB_PORT).parents[2]))
         config["active"]["enabled"] = False            # active checks: tests/health/test_active.py
         config["pools"][POOL]["roce_interfaces"] = ["host0"]   # the agent's RoCE check over the fake sysfs
+        # A cleared device fault is held 5 minutes (agent.HOLD_DOWN_SECONDS; its unit tests prove the
+        # rule); these cases inject a fault, take it away and wait a minute for the node to heal.
+        config["hold_down_seconds"] = 5
         files["config.json"] = json.dumps(config)
         for name in ("agent.py", "classify.py", "config.json"):
             host.path(f"{AGENT_DIR}/{name}").parent.mkdir(parents=True, exist_ok=True)
