@@ -371,11 +371,7 @@ class CloudMembership:
     def groups(self, pool: str) -> list:
         """The pool's groups as the cloud client takes them: names, region and zones from the
         cluster file, project / subscription and resource group the API servers' own."""
-        where = self.session().identity()
-        return [cloud_api.Group(g["provider"], g["name"], g["region"], tuple(g["zones"]),
-                                project=where.get("project", ""), subscription=where.get("subscription", ""),
-                                resource_group=where.get("resource_group", ""))
-                for g in self.config["pools"][pool]["groups"]]
+        return cloud_api.pool_groups(self.config["pools"][pool]["groups"], self.session().identity())
 
     def __call__(self, pool: str, name: str) -> Decision:
         now = self.clock()

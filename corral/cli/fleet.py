@@ -261,12 +261,10 @@ def _store_scope(manager, clusters: Path, gcp_project: str | None, key_vault: st
         if isinstance(config.get(setting), str) and config[setting] != "REPLACE-ME":
             return config[setting]
     if cloud == "azure":
-        # The vault name the manager's program gives when corral:keyVaultName is unset
-        # (corral/infra/azure/secrets.py, vault_name).
-        import hashlib
+        # The vault the manager's program made when corral:keyVaultName is unset.
+        from corral.machine.secret_fetch import default_vault_name
 
-        digest = hashlib.sha256(f"corral/{manager.name}".encode()).hexdigest()[:6]
-        return f"kv-{manager.name[:14]}-{digest}"
+        return default_vault_name(manager.name)
     fail(f"the manager {manager.name} keeps its secrets in GCP Secret Manager: set {setting} in {stack} "
          "or pass --gcp-project")
 

@@ -139,6 +139,15 @@ class Group:
     resource_group: str = ""
 
 
+def pool_groups(groups: list[dict], identity: dict) -> list[Group]:
+    """A pool's groups as this client takes them: names, region and zones from the cluster file (the
+    add-on's config), project / subscription and resource group from the instance's own identity
+    (CloudSession.identity): the approver and the repair controller both ask the cloud this way."""
+    return [Group(g["provider"], g["name"], g["region"], tuple(g["zones"]), project=identity.get("project", ""),
+                  subscription=identity.get("subscription", ""), resource_group=identity.get("resource_group", ""))
+            for g in groups]
+
+
 @dataclass(frozen=True)
 class Instance:
     """What the cloud says of the instance a node name names."""

@@ -9,6 +9,7 @@ the cloud's secret store: a bundle of the files only that role needs
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,18 @@ SECRET_ENDPOINTS = {
     "gcp": ("http://metadata.google.internal", "https://secretmanager.googleapis.com"),
     "azure": ("http://169.254.169.254", "https://{store}.vault.azure.net"),
 }
+
+
+# Azure Key Vault names: 3-24 letters, digits and '-'.
+VAULT_NAME_MAX = 24
+
+
+def default_vault_name(cluster: str) -> str:
+    """The cluster's Key Vault when the stack sets no `corral:keyVaultName`: `kv-<cluster>-<hash>`.
+    Here, below infra, so the commands that write into the vault (corral fleet
+    multikueue-credentials) name the same one the program made."""
+    digest = hashlib.sha256(f"corral/{cluster}".encode()).hexdigest()[:6]
+    return f"kv-{cluster[:VAULT_NAME_MAX - 10]}-{digest}"
 
 
 @dataclass(frozen=True)

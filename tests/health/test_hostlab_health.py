@@ -256,14 +256,20 @@ def ansible(rig, *args: str) -> subprocess.CompletedProcess:
                           env={**rig["env"], "ANSIBLE_CONFIG": str(ROOT / "ansible" / "ansible.cfg")}, timeout=900)
 
 
-def test_preflight_at_join_passes_and_the_agent_lifts_the_taint(rig):
-    inventory = rig["work"] / "inventory.yml"
+def run_preflight_role(rig, prefix: str = "") -> subprocess.CompletedProcess:
+    """The join's preflight role on the rig's host (its unit writes each boot's verdict); must pass."""
+    inventory = rig["work"] / f"{prefix}inventory.yml"
     inventory.write_text(inv.to_ansible_yaml(inv.as_yaml_inventory(inv.build(rig["cluster"]))))
-    play = rig["work"] / "preflight.yml"
+    play = rig["work"] / f"{prefix}preflight.yml"
     play.write_text(json.dumps([{"name": "GPU preflight", "hosts": "gpu_nodes", "gather_facts": False,
                                  "roles": ["gpu_preflight"]}]))
     result = ansible(rig, "-i", str(inventory), str(play))
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    return result
+
+
+def test_preflight_at_join_passes_and_the_agent_lifts_the_taint(rig):
+    result = run_preflight_role(rig)
     assert "PASS AllChecksPassed" in result.stdout
     n = wait_for(rig, lambda n: PREFLIGHT not in taints(n), "the agent lifts corral.dev/preflight")
     assert condition(n, "GPUPreflightPassed")["status"] == "True"

@@ -563,11 +563,7 @@ class CloudReplacer:
         self.cloud_api, self.session, self.pools = cloud_api, session, pools
 
     def groups(self, pool: str) -> list:
-        where = self.session.identity()
-        return [self.cloud_api.Group(g["provider"], g["name"], g["region"], tuple(g["zones"]),
-                                     project=where.get("project", ""), subscription=where.get("subscription", ""),
-                                     resource_group=where.get("resource_group", ""))
-                for g in (self.pools.get(pool) or {}).get("groups", [])]
+        return self.cloud_api.pool_groups((self.pools.get(pool) or {}).get("groups", []), self.session.identity())
 
     def __call__(self, node: dict) -> None:
         meta = node["metadata"]

@@ -17,7 +17,6 @@ cluster's name and may be taken elsewhere).
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from collections.abc import Sequence
 
@@ -25,24 +24,19 @@ import pulumi
 import pulumi_azure_native as azure
 
 from corral.infra.platform import ClusterContext, pick
-from corral.machine.secret_fetch import SecretRef
+from corral.machine.secret_fetch import SecretRef, default_vault_name
 
 from .common import location, subscription_of, tags
 
 # Built-in role "Key Vault Secrets User": read secret contents, nothing else.
 SECRETS_USER_ROLE = "4633458b-17de-408a-b874-0445c86b69e6"
-VAULT_NAME_MAX = 24
 # Deleted vaults and secrets are recoverable for this long (Azure's minimum).
 SOFT_DELETE_DAYS = 7
 
 
 def vault_name(ctx: ClusterContext) -> str:
     """`corral:keyVaultName`, else `kv-<cluster>-<hash>` (3-24 characters, letters, digits, '-')."""
-    configured = pulumi.Config("corral").get("keyVaultName")
-    if configured:
-        return configured
-    digest = hashlib.sha256(f"corral/{ctx.cluster.name}".encode()).hexdigest()[:6]
-    return f"kv-{ctx.cluster.name[:VAULT_NAME_MAX - 10]}-{digest}"
+    return pulumi.Config("corral").get("keyVaultName") or default_vault_name(ctx.cluster.name)
 
 
 def role_definition_id(subscription_path: pulumi.Input[str], role: str) -> pulumi.Output[str]:

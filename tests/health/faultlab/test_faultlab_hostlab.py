@@ -29,7 +29,6 @@ import pytest
 
 from corral.health import repair_protocol as protocol
 from corral.health.agent import SystemClock
-from corral.nodes import inventory as inv
 
 from ..test_hostlab_health import (  # noqa: F401  (rig: the module's fixture, shared)
     KMSG,
@@ -37,9 +36,9 @@ from ..test_hostlab_health import (  # noqa: F401  (rig: the module's fixture, s
     PREFLIGHT,
     SA_SOURCE,
     UNHEALTHY,
-    ansible,
     node,
     rig,
+    run_preflight_role,
     taints,
     wait_for,
 )
@@ -107,13 +106,7 @@ def loop(rig):  # noqa: F811  (the imported fixture, by name)
     host.path("/usr/local/bin/nvidia-smi").chmod(0o755)
     set_broken(host, False)
     # The join: the preflight role (its unit writes each boot's verdict), then the agent's join burn-in.
-    inventory = testbed["work"] / "faultlab-inventory.yml"
-    inventory.write_text(inv.to_ansible_yaml(inv.as_yaml_inventory(inv.build(testbed["cluster"]))))
-    play = testbed["work"] / "faultlab-preflight.yml"
-    play.write_text(json.dumps([{"name": "GPU preflight", "hosts": "gpu_nodes", "gather_facts": False,
-                                 "roles": ["gpu_preflight"]}]))
-    result = ansible(testbed, "-i", str(inventory), str(play))
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    run_preflight_role(testbed, prefix="faultlab-")
     wait_for(testbed, lambda n: PREFLIGHT not in taints(n), "admitted: preflight and join burn-in passed", timeout=90)
 
     yield testbed
