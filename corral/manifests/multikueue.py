@@ -179,23 +179,11 @@ def manager_objects(fleet: LoadedFleet) -> list[dict]:
 
 
 def manager_configmap(fleet: LoadedFleet) -> dict:
-    """The Kueue add-on's kueue-manager-config ConfigMap of the manager, with `kueue_config(fleet)` in it."""
-    import io
-
-    from ruamel.yaml import YAML
-
+    """The manager's kueue-manager-config with `kueue_config(fleet)` in it, as the Kueue chart renders it
+    from its values (the add-on renders no ConfigMap of its own)."""
     from . import kueue
 
-    # The add-on renders no ConfigMap (the Kueue chart does, from its values): this is what it renders.
-    configmap = kueue.manager_configmap(fleet.manager)
-    yaml = YAML(typ="safe", pure=True)
-    yaml.default_flow_style = False
-    config = yaml.load(configmap["data"][kueue.MANAGER_CONFIG_KEY])
-    config["multiKueue"] = kueue_config(fleet)
-    stream = io.StringIO()
-    yaml.dump(config, stream)
-    configmap["data"] = {kueue.MANAGER_CONFIG_KEY: stream.getvalue()}
-    return configmap
+    return kueue.manager_configmap(fleet.manager, kueue_config(fleet))
 
 
 def multikueue_objects(fleet: LoadedFleet) -> list[dict]:
