@@ -334,7 +334,8 @@ def chart_values(cluster: Cluster, multi_kueue: dict | None = None) -> dict:
             # Kueue's webhooks admit every queued Job and its pods: evicted under pressure, it would
             # stop job creation cluster-wide. The chart's own suggestion (values.yaml at the tag,
             # commented `priorityClassName: "system-cluster-critical"`; templates/manager/manager.yaml
-            # sets it), as corral's node approver has.
+            # sets it), as corral's node approver has. Allowed outside kube-system since Kubernetes
+            # 1.17 (cilium/cilium#12151 sets it there from 1.17 on for that reason).
             "priorityClassName": "system-cluster-critical",
             # The chart's defaults, set here so kueue-system's restricted level holds
             # whatever a later chart says (Pod Security "restricted": non-root, seccomp
