@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 from ruamel.yaml import YAML
 
+from corral.machine import topology_labels
 from corral.model.hosts import RACK_LABEL
 from corral.model.kueue import SHARED, FlavorQuota, QueueQuota, cluster_quotas
 from corral.model.schema import TEAM_TAINT_KEY, Cluster
@@ -85,12 +86,11 @@ ONPREM_LEVELS = (policy.POOL_LABEL, RACK_LABEL, HOSTNAME_LABEL)
 # GCE: the reservation's block and sub-block of the VM (cloud.google.com/ai-hypercomputer
 # docs, "View the topology of GKE nodes": cloud.google.com/gce-topology-block,
 # -subblock, -host). GKE sets them; on corral's nodes the boot part corral/machine/topology_labels.py.
-GCP_LEVELS = ("cloud.google.com/gce-topology-block", "cloud.google.com/gce-topology-subblock", HOSTNAME_LABEL)
+GCP_LEVELS = (*topology_labels.GCP_LABELS[:2], HOSTNAME_LABEL)     # block, sub-block (the labels the boot part sets)
 # AWS: the instance's network nodes, layer 1 broadest (docs.aws.amazon.com/eks/latest/
 # userguide/ml-workload-topology.html, from DescribeInstanceTopology). EKS sets them; corral's
 # nodes too (corral/machine/topology_labels.py).
-AWS_LEVELS = ("topology.k8s.aws/network-node-layer-1", "topology.k8s.aws/network-node-layer-2",
-              "topology.k8s.aws/network-node-layer-3", HOSTNAME_LABEL)
+AWS_LEVELS = (*(topology_labels.AWS_LAYER_LABEL.format(layer=layer) for layer in (1, 2, 3)), HOSTNAME_LABEL)
 # Azure has no standard node label for a VM's network position (proximity
 # placement groups are per scale set, which is the pool): the pool, then the host.
 AZURE_LEVELS = (policy.POOL_LABEL, HOSTNAME_LABEL)
