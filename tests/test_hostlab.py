@@ -11,6 +11,7 @@ Two kinds:
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -213,6 +214,71 @@ def test_available_names_what_is_missing(monkeypatch):
                         lambda tool: None if tool == "debootstrap" else real_which(tool))
     ok, reason = lab_mod.available()
     assert not ok and "debootstrap" in reason and "install-hostlab-deps.sh" in reason
+
+
+# --------------------------------------------------------------------------
+# first run on an empty cache: pytest workers race (issue 34)
+# --------------------------------------------------------------------------
+
+RACERS = 6
+
+
+def _race(make, barrier, results) -> None:
+    """One racer: wait for the others, then make the cached thing; report what it got."""
+    try:
+        barrier.wait(timeout=60)
+        results.put(("ok", make()))
+    except BaseException as exc:  # reported to the test, which fails on it
+        results.put(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def _run_racers(make) -> list[str]:
+    ctx = multiprocessing.get_context("fork")
+    barrier, results = ctx.Barrier(RACERS), ctx.Queue()
+    procs = [ctx.Process(target=_race, args=(make, barrier, results)) for _ in range(RACERS)]
+    for proc in procs:
+        proc.start()
+    outcomes = [results.get(timeout=120) for _ in procs]
+    for proc in procs:
+        proc.join(timeout=30)
+    errors = [detail for kind, detail in outcomes if kind == "error"]
+    assert not errors, f"{len(errors)} of {RACERS} racers failed: {errors[0]}"
+    return [detail for _, detail in outcomes]
+
+
+@pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="needs ssh-keygen (openssh-client)")
+def test_workers_racing_on_an_empty_cache_share_one_lab_key(tmp_path):
+    """Two pytest workers on a fresh machine both found no key, and the second
+    ssh-keygen stopped at its overwrite prompt (34 hostlab errors in one run)."""
+    cache = tmp_path / "cache"
+
+    def make() -> str:
+        key = Lab(LabConfig(cache_dir=cache, run_dir=tmp_path / "run")).ensure_key()
+        return f"{Path(f'{key}.pub').read_text()}|{key.read_text()}"
+
+    got = _run_racers(make)
+    assert len(set(got)) == 1, "racers ended with different keys"
+    key = cache / "ssh" / "id_ed25519"
+    assert key.stat().st_mode & 0o077 == 0
+    check = subprocess.run(["ssh-keygen", "-y", "-f", str(key)], capture_output=True, text=True, timeout=30)
+    assert check.returncode == 0 and check.stdout.split()[:2] == got[0].split("|")[0].split()[:2]
+    assert sorted(p.name for p in key.parent.iterdir()) == [".lock", "id_ed25519", "id_ed25519.pub"]
+
+
+@pytest.mark.skipif(shutil.which("gpg") is None, reason="needs gpg (gnupg)")
+def test_workers_racing_on_an_empty_cache_share_one_repository_key(tmp_path):
+    from tests.hostlab.aptrepo import AptRepo
+
+    def make() -> str:
+        return AptRepo(repos=[], cache_dir=tmp_path).ensure_key()
+
+    got = _run_racers(make)
+    assert len(set(got)) == 1, f"racers made {len(set(got))} signing keys"
+    listed = subprocess.run(["gpg", "--homedir", str(tmp_path / "gpg"), "--batch", "--with-colons",
+                             "--list-secret-keys"], capture_output=True, text=True, timeout=60)
+    assert [line for line in listed.stdout.splitlines() if line.startswith("fpr:")] == [
+        f"fpr:::::::::{got[0]}:"]
+    subprocess.run(["gpgconf", "--homedir", str(tmp_path / "gpg"), "--kill", "all"], check=False, timeout=20)
 
 
 def test_unreachable_mirror_is_named_in_the_error(tmp_path):

@@ -46,6 +46,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from tests.hostlab.lab import _flock
+
 FAKE_PROJECT = "fake-bootstrap-lab"
 RELEASE_HOST = "github.com"
 SECRET_MANAGER_HOST = "secretmanager.googleapis.com"
@@ -112,11 +114,19 @@ def fake_release_files(cache: Path, version: str) -> dict[str, bytes]:
     cached under `cache`)."""
     debs = cache / "debs"
     debs.mkdir(parents=True, exist_ok=True)
-    for package in ("etcd-server", "etcd-client"):
-        if not list(debs.glob(f"{package}_*.deb")):
-            result = subprocess.run(["apt-get", "download", package], cwd=debs, capture_output=True, text=True, timeout=300)
-            if result.returncode != 0:
-                raise RuntimeError(f"apt-get download {package} failed (run apt-get update?): {result.stderr.strip()}")
+    # Workers racing on an empty cache: one downloads under the lock, into a scratch
+    # folder renamed into place, so no reader sees half a .deb.
+    with _flock(debs / ".lock"):
+        for package in ("etcd-server", "etcd-client"):
+            if not list(debs.glob(f"{package}_*.deb")):
+                with tempfile.TemporaryDirectory(dir=debs) as scratch:
+                    result = subprocess.run(["apt-get", "download", package], cwd=scratch, capture_output=True,
+                                            text=True, timeout=300)
+                    if result.returncode != 0:
+                        raise RuntimeError(f"apt-get download {package} failed (run apt-get update?): "
+                                           f"{result.stderr.strip()}")
+                    for deb in Path(scratch).glob("*.deb"):
+                        deb.rename(debs / deb.name)
     top = f"etcd-v{version}-linux-amd64"
     raw = io.BytesIO()
     with tempfile.TemporaryDirectory() as unpacked:

@@ -462,6 +462,13 @@ class AptRepo:
         fpr_file = home / "fingerprint"
         if fpr_file.exists() and self.keyring_path.exists():
             return fpr_file.read_text().strip()
+        # Workers racing on an empty cache would each make a key in one homedir.
+        with _flock(self.cache_dir / ".gpg.lock"):
+            if fpr_file.exists() and self.keyring_path.exists():
+                return fpr_file.read_text().strip()
+            return self._generate_key(home, fpr_file)
+
+    def _generate_key(self, home: Path, fpr_file: Path) -> str:
         home.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(home, 0o700)
         try:
@@ -473,7 +480,9 @@ class AptRepo:
             self._gpg("--armor", "--output", str(self.key_armored_path), "--export", fpr)
         finally:
             self._stop_agent()
-        fpr_file.write_text(fpr + "\n")
+        tmp = fpr_file.with_suffix(".tmp")
+        tmp.write_text(fpr + "\n")
+        tmp.rename(fpr_file)
         return fpr
 
     # -- build -------------------------------------------------------------

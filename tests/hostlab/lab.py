@@ -40,6 +40,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import sys
 import threading
 import time
@@ -683,12 +684,26 @@ class Lab:
     # ssh key and base image
     # ------------------------------------------------------------------
     def ensure_key(self) -> Path:
-        """Generate the lab SSH key into the cache dir once."""
+        """Generate the lab SSH key into the cache dir once.
+
+        Safe when pytest workers race on an empty cache (a fresh machine): under a
+        lock, the pair is made under a temporary name and renamed into place, the
+        public half first, so a private key that exists always has its .pub.
+        """
         key = self.key_path
         key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        if not key.exists():
-            _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "corral-hostlab",
-                  "-f", str(key)], what="ssh-keygen")
+        if key.exists():
+            return key
+        with _flock(key.parent / ".lock"):
+            if not key.exists():
+                tmp = Path(tempfile.mkdtemp(prefix=".keygen-", dir=key.parent))
+                try:
+                    _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "corral-hostlab",
+                          "-f", str(tmp / key.name)], what="ssh-keygen")
+                    (tmp / f"{key.name}.pub").rename(f"{key}.pub")
+                    (tmp / key.name).rename(key)
+                finally:
+                    shutil.rmtree(tmp, ignore_errors=True)
         return key
 
     def base_recipe(self) -> dict:
