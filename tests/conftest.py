@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.hostlab.conftest_plugin"]
+pytest_plugins = ["tests.hostlab.conftest_plugin", "tests.leaks"]
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "clusters"

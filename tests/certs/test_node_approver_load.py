@@ -89,6 +89,7 @@ class ApproverSim:
     def stop(self) -> None:
         for one in self.approvers:
             one.stopped = True
+        self.clock.stop()
         self.server.stop()
 
 

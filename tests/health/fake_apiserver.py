@@ -47,7 +47,7 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from .simclock import RealClock
+from .simclock import RealClock, SimulationStopped
 
 
 def make_ca_and_cert(folder: Path, ip: str) -> tuple[Path, Path, Path]:
@@ -434,7 +434,7 @@ class FakeServer:
                             self.wfile.flush()
                             return
                         cluster.tick()
-                except OSError:
+                except (OSError, SimulationStopped):
                     return
                 finally:
                     cluster.clock.leave()

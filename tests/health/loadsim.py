@@ -216,4 +216,5 @@ class SimulatedCluster:
     def stop(self) -> None:
         for name in list(self.agents):
             self.agents.pop(name)
+        self.clock.stop()
         self.server.stop()

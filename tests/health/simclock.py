@@ -25,6 +25,13 @@ import threading
 WALL_START = 1_800_000_000.0   # the simulated wall clock's epoch seconds at t=0
 
 
+class SimulationStopped(BaseException):
+    """Raised in every thread that waits on a stopped clock, so it unwinds and ends.
+
+    A BaseException: the agent's and the controllers' loops catch Exception and retry,
+    which here would spin; this one goes past them to the thread's top."""
+
+
 class _Waiter:
     __slots__ = ("cond", "registered", "generation")
 
@@ -44,6 +51,8 @@ class SimClock:
         self._timers: list = []             # (when, seq, callback)
         self._seq = itertools.count()
         self._quiet = threading.Condition(self.lock)
+        self._waiting: set[_Waiter] = set()
+        self.stopped = False
         self.error: BaseException | None = None
 
     # -- the agent's seam ----------------------------------------------------------
@@ -71,6 +80,8 @@ class SimClock:
         def run() -> None:
             try:
                 target()
+            except SimulationStopped:
+                pass
             except BaseException as err:  # noqa: BLE001  (surfaced by run_until)
                 self.error = self.error or err
             finally:
@@ -110,8 +121,11 @@ class SimClock:
         waiter = _Waiter(self.lock)
         if channel is not None:
             channel._sim_waiter = waiter
+        self._waiting.add(waiter)
         try:
             while not ready() and (deadline is None or self._now < deadline):
+                if self.stopped:
+                    raise SimulationStopped
                 waiter.registered = True
                 waiter.generation += 1
                 if deadline is not None:
@@ -121,8 +135,17 @@ class SimClock:
                 while waiter.registered:
                     waiter.cond.wait()
         finally:
+            self._waiting.discard(waiter)
             if channel is not None:
                 channel._sim_waiter = None
+
+    def stop(self) -> None:
+        """End the simulation: every thread waiting on this clock, now or later, gets
+        SimulationStopped and ends (a test must leave no thread running)."""
+        with self.lock:
+            self.stopped = True
+            for waiter in list(self._waiting):
+                self._wake(waiter)
 
     def notify(self, channel) -> None:
         """Wake who waits on `channel` (lock held): counted active from now."""

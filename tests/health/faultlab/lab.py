@@ -273,4 +273,5 @@ class FaultLab:
         for name in list(self.agents):
             agent = self.agents.pop(name)
             agent.stop()
+        self.clock.stop()
         self.server.stop()

@@ -114,6 +114,7 @@ class Sim:
     def stop(self) -> None:
         for controller in self.controllers:
             controller.stop()
+        self.clock.stop()
         self.server.stop()
 
     # -- the node agent, faked at the API boundary ---------------------------------------------
