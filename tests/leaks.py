@@ -14,6 +14,7 @@ process (a real etcd, Prometheus, an HTTP server) counts the same way as a threa
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 import time
@@ -36,10 +37,23 @@ def _where(thread: threading.Thread) -> str:
     return f"{last.filename}:{last.lineno} in {last.name}"
 
 
+# Threads a library starts once per process and reuses in every later test, not a test's
+# leak: the idle workers of an event loop's default executor (named asyncio_N by asyncio;
+# Pulumi's runtime under the mocks runs its calls there) and gRPC's completion-queue poller.
+PROCESS_WIDE_NAMES = re.compile(r"asyncio_\d+")
+PROCESS_WIDE_TARGETS = ("_poll_wrapper",)
+
+
+def process_wide(thread: threading.Thread) -> bool:
+    target = getattr(getattr(thread, "_target", None), "__name__", "")
+    return bool(PROCESS_WIDE_NAMES.fullmatch(thread.name)) or target in PROCESS_WIDE_TARGETS
+
+
 def leaked_threads(before: set[int], grace: float = GRACE_SECONDS) -> list[threading.Thread]:
     """Threads alive now that were not in `before`, after waiting up to `grace` s for them to end."""
     deadline = time.monotonic() + grace
-    new = [t for t in threading.enumerate() if t.ident not in before and t is not threading.current_thread()]
+    new = [t for t in threading.enumerate() if t.ident not in before and t is not threading.current_thread()
+           and not process_wide(t)]
     for thread in new:
         thread.join(max(0.0, deadline - time.monotonic()))
     return [t for t in new if t.is_alive()]

@@ -459,7 +459,13 @@ class FakeServer:
         return self
 
     def stop(self) -> None:
+        """Stop serving, and end every open watch (its handler thread returns and the
+        client's read sees the stream's end), so no thread outlives the test."""
         self.httpd.shutdown()
+        with self.cluster.lock:
+            for watch in list(self.cluster.watches):
+                watch.closed = True
+                self.cluster.clock.notify(watch)
         self.httpd.server_close()
 
 
