@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from corral.model import versions
+
 from .files import File
 
 JOIN_TEMPLATE = "kubeadm/join-configuration.yaml.j2"
@@ -53,11 +55,16 @@ def join_secret_files(token: str, ca_cert_hash: str) -> list[File]:
 
 
 def kubeadm_api_version(kubernetes_version: str) -> str:
-    """v1beta4 from Kubernetes 1.31 (as the shared join template decides), v1beta3 before."""
-    major, minor = (int(part) for part in kubernetes_version.lstrip("v").split(".")[:2])
-    return "v1beta4" if (major, minor) >= (1, 31) else "v1beta3"
+    """The kubeadm config API the minor's kubeadm takes (its catalog row: v1beta4 from 1.31, the
+    only one from 1.37, which removed v1beta3; v1beta3 before 1.31)."""
+    row = versions.row(kubernetes_version)
+    if row is None or row.kubeadm_api is None:
+        known = ", ".join(sorted(versions.per_minor("kubeadm_api"), key=versions.key))
+        raise ValueError(f"corral knows kubeadm's config API for Kubernetes {known}, not "
+                         f"{versions.minor_of(kubernetes_version)}; add it to the row in corral/model/versions.py")
+    return row.kubeadm_api.value
 
 
 def apt_package_version(kubernetes_version: str) -> str:
     """pkgs.k8s.io's Debian package version of a Kubernetes release."""
-    return f"{kubernetes_version}-1.1"
+    return f"{kubernetes_version}-{versions.K8S_DEB_REVISION}"

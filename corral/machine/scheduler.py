@@ -7,7 +7,7 @@ when the cluster gang-schedules (a kubeadm patch).
 
 from __future__ import annotations
 
-from corral.model import Cluster
+from corral.model import Cluster, versions
 from corral.model.control_plane_sizing import size as size_control_plane
 
 from .files import render
@@ -27,12 +27,10 @@ BIN_PACKING_WEIGHTS = ({"name": "cpu", "weight": 1}, {"name": "memory", "weight"
 # How long scheduled members of a gang wait for the rest before all back off.
 COSCHEDULING_PERMIT_WAIT_SECONDS = 60
 # Coscheduling is not in kube-scheduler: the scheduler-plugins project ships a
-# kube-scheduler build with it, one release line per Kubernetes minor.
-SCHEDULER_PLUGINS_IMAGES = {
-    "1.29": "registry.k8s.io/scheduler-plugins/kube-scheduler:v0.29.7",
-    "1.30": "registry.k8s.io/scheduler-plugins/kube-scheduler:v0.30.6",
-    "1.31": "registry.k8s.io/scheduler-plugins/kube-scheduler:v0.31.8",
-}
+# kube-scheduler build with it, one release line per Kubernetes minor (the
+# catalog rows' scheduler_plugins; none from 1.35, where the model refuses
+# coscheduling and points to Kueue's all-or-nothing admission).
+SCHEDULER_PLUGINS_IMAGES = versions.per_minor("scheduler_plugins")
 
 
 def coscheduling_image(cluster: Cluster) -> str | None:
@@ -42,10 +40,13 @@ def coscheduling_image(cluster: Cluster) -> str | None:
     minor = cluster.kubernetes.minor
     image = SCHEDULER_PLUGINS_IMAGES.get(minor)
     if image is None:
+        row = versions.MINORS.get(minor)
+        why = (f": {row.scheduler_plugins.missing}" if row is not None and row.scheduler_plugins is not None
+               and row.scheduler_plugins.value is None else "")
         raise ValueError(
             f"cluster {cluster.name}: scheduling.coscheduling needs a scheduler-plugins release for "
-            f"Kubernetes {minor}; corral knows {', '.join(sorted(SCHEDULER_PLUGINS_IMAGES))} "
-            "(corral/machine/scheduler.py SCHEDULER_PLUGINS_IMAGES)"
+            f"Kubernetes {minor}{why}; corral knows {', '.join(sorted(SCHEDULER_PLUGINS_IMAGES, key=versions.key))} "
+            "(corral/model/versions.py, scheduler_plugins)"
         )
     return image
 

@@ -10,6 +10,7 @@ import ipaddress
 import re
 from collections.abc import Iterator, Mapping
 
+from . import versions
 from .containerd import containerd_error, pause_error
 from .hosts import RACK_LABEL, HostPatternError, assign_racks, expand, expand_addresses, expand_racks
 from .layout import MAX_ZONES, layout, network_too_small
@@ -64,6 +65,7 @@ def check_cluster(cluster: Cluster, data: Mapping | None = None) -> list[Finding
         *_control_plane(cluster),
         *_pool_zones(cluster, data),
         *_containerd(cluster),
+        *_per_minor_releases(cluster),
         *_etcd_disk(cluster),
         *_etcd_disk_shape(cluster),
         *_etcd_disk_vm_caps(cluster),
@@ -124,6 +126,33 @@ def _containerd(cluster: Cluster) -> Iterator[Finding]:
         yield ("kubernetes", "containerd"), message
     if message := pause_error(kubernetes.version):
         yield ("kubernetes", "version"), message
+
+
+def _per_minor_releases(cluster: Cluster) -> Iterator[Finding]:
+    """What the cluster uses that upstream has not released for its minor (the catalog row says
+    which and where that was checked): refused here, where the file's line can be shown, rather
+    than when the manifests or the machines are rendered."""
+    row = versions.MINORS.get(cluster.kubernetes.minor)
+    if row is None:
+        return  # _containerd reports the unknown minor
+    minor = row.minor
+    plugins = row.scheduler_plugins
+    if cluster.scheduling.coscheduling and plugins is not None and plugins.value is None:
+        yield ("scheduling", "coscheduling"), (
+            f"Coscheduling runs scheduler-plugins' kube-scheduler build, and {plugins.missing}, so it cannot "
+            f"run on Kubernetes {minor}; gang-schedule with Kueue "
+            "instead, which corral installs (scheduling.kueue): waitForPodsReady admits a job's pods all or "
+            "nothing (docs/scheduling.md); remove coscheduling: true"
+        )
+    autoscaler = row.cluster_autoscaler
+    if cluster.cloud_pools and autoscaler is not None and autoscaler.value is None:
+        names = [pool.name for pool in cluster.cloud_pools]
+        pools = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+        yield ("kubernetes", "version"), (
+            f"cloud pools ({pools}) are scaled by the cluster-autoscaler of the cluster's minor, and there is "
+            f"{autoscaler.missing}; run the newest minor that has one "
+            f"({max(versions.per_minor('cluster_autoscaler'), key=versions.key)}) until it is released"
+        )
 
 
 def _etcd_disk(cluster: Cluster) -> Iterator[Finding]:

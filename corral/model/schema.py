@@ -32,7 +32,8 @@ from pydantic.alias_generators import to_camel
 from . import hosts as hostnames
 from .auto_repair import AutoRepair
 from .burn_in import BurnIn
-from .containerd import DEFAULT_CONTAINERD, package_version
+from .containerd import package_version
+from .versions import default_containerd, default_containerd_text
 from .disks import DEFAULT_DISK_TYPE, DISK_TYPES, default_throughput, etcd_iops_floor
 from .gpu_catalog import GPU_MODELS, closest, gpu_machine
 from .kueue import Kueue
@@ -370,12 +371,23 @@ class KubernetesSpec(Spec):
     )
     # The containerd every node runs, as Docker's containerd.io package (the
     # distributions' are too old: corral/model/containerd.py); rules.py checks
-    # it against containerd's minimum for `version`.
+    # it against containerd's minimum for `version`. Its default is the catalog's
+    # for the minor (corral/model/versions.py), filled in by _containerd_default.
     containerd: ContainerdVersion = Field(
-        DEFAULT_CONTAINERD,
-        description=f"containerd release every node runs (Docker's containerd.io), a full version in quotes; at "
-        f"least containerd's minimum for the Kubernetes version (README). Default {DEFAULT_CONTAINERD}.",
+        None,
+        description="containerd release every node runs (Docker's containerd.io), a full version in quotes; at "
+        "least containerd's minimum for the Kubernetes version (README). Default: the version catalog's for "
+        f"the Kubernetes minor ({default_containerd_text()}; docs/versions.md).",
+        json_schema_extra=lambda schema: schema.pop("default", None),
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _containerd_default(cls, data):
+        if isinstance(data, dict) and "containerd" not in data:
+            version = data.get("version")
+            data = {**data, "containerd": default_containerd(version if isinstance(version, str) else "")}
+        return data
 
     @property
     def minor(self) -> str:

@@ -16,9 +16,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from corral.model import versions as catalog
+
 _VERSION = re.compile(r"v?(\d+)\.(\d+)\.(\d+)(?:[-+].*)?\Z")
-# A kubelet may trail the API server by this many minors (1.28 and later).
-KUBELET_MAX_MINORS_BEHIND = 3
+# A kubelet may trail the API server by this many minors (1.28 and later; the version catalog).
+KUBELET_MAX_MINORS_BEHIND = catalog.KUBELET_MAX_MINORS_BEHIND
 
 
 class UpgradeError(Exception):
@@ -35,7 +37,7 @@ class KubeVersion:
     def parse(cls, text: str, what: str = "version") -> KubeVersion:
         match = _VERSION.match(str(text).strip())
         if match is None:
-            raise UpgradeError(f"{what}: {text!r} is not a Kubernetes version like 1.31.4")
+            raise UpgradeError(f"{what}: {text!r} is not a Kubernetes version like {catalog.EXAMPLE_VERSION}")
         return cls(*(int(part) for part in match.groups()))
 
     def minors_after(self, other: KubeVersion) -> int:

@@ -15,7 +15,7 @@ from ruamel.yaml import YAML
 from corral.machine.kubelet_node import node_files
 from corral.manifests.policy import NODE_RUNTIME_SETTINGS
 from corral.model import load_cluster
-from corral.model.containerd import DEFAULT_CONTAINERD, package_version, pause_image
+from corral.model.containerd import default_containerd, package_version, pause_image
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTERS = sorted((ROOT / "clusters").glob("*.yaml"))
@@ -38,7 +38,9 @@ def test_the_toolkit_is_pinned_past_its_container_escape_fix():
 
 def test_the_roles_default_containerd_is_the_models():
     defaults = role_defaults("container_runtime")
-    assert defaults["corral_containerd_version"] == DEFAULT_CONTAINERD
+    # The model's default for the Kubernetes version the roles default to (the version catalog's row).
+    kubernetes = role_defaults("kubelet_join")["corral_kubernetes_version"]
+    assert defaults["corral_containerd_version"] == default_containerd(kubernetes)
     assert defaults["corral_containerd_package"] == "containerd.io"
     assert defaults["corral_containerd_package_set"]["hold"] is True
 

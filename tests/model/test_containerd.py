@@ -1,7 +1,7 @@
 """Rule: kubernetes.containerd must be one containerd supports for kubernetes.version.
 
 containerd's RELEASES.md lists, per Kubernetes minor, the lowest release of
-each containerd line it supports (corral/model/containerd.py). Debian 12's own
+each containerd line it supports (corral/model/versions.py). Debian 12's own
 containerd (1.6.20) is below every row from Kubernetes 1.29 on, hence Docker's
 containerd.io at a pinned version.
 """
@@ -16,6 +16,7 @@ from corral.model.containerd import (
     DEFAULT_CONTAINERD,
     KUBERNETES_CONTAINERD,
     containerd_error,
+    default_containerd,
     package_version,
 )
 
@@ -50,16 +51,16 @@ def test_below_the_minimum(kubernetes, containerd, message):
 
 def test_the_default_is_too_old_for_kubernetes_1_34_and_nothing_packaged_fits():
     # 1.34 wants 1.7.28+; corral knows no containerd.io package that new yet.
-    assert containerd_error("1.34.1", DEFAULT_CONTAINERD) == (
+    assert containerd_error("1.34.1", default_containerd("1.33.1")) == (
         "containerd 1.7.27 is below 1.7.28, the minimum of the 1.7 line for Kubernetes 1.34 "
         "(containerd supports 2.1.3+, 2.0.6+, 1.7.28+, 1.6.39+)"
     )
 
 
 def test_a_kubernetes_minor_without_a_row():
-    assert containerd_error("1.37.0", DEFAULT_CONTAINERD) == (
-        "corral knows containerd's support for Kubernetes 1.26 to 1.36, not 1.37; add its row from "
-        "containerd's RELEASES.md to corral/model/containerd.py"
+    assert containerd_error("1.40.0", DEFAULT_CONTAINERD) == (
+        "corral knows containerd's support for Kubernetes 1.26 to 1.37, not 1.40; add its row from "
+        "containerd's RELEASES.md to corral/model/versions.py"
     )
 
 
@@ -81,8 +82,10 @@ def test_shape(tmp_path):
 
 def test_default_and_its_package(tmp_path):
     for name, cluster in load_fleet([EXAMPLES]).clusters.items():
-        assert cluster.kubernetes.containerd == DEFAULT_CONTAINERD == "1.7.27", name
+        # The examples run 1.30 and 1.31, whose default is 1.7.27; new clusters (1.35+) get 2.3.6.
+        assert cluster.kubernetes.containerd == default_containerd(cluster.kubernetes.version) == "1.7.27", name
         assert cluster.kubernetes.containerd_package_version == "1.7.27-1"
+    assert DEFAULT_CONTAINERD == default_containerd("1.37.2") == "2.3.6"
     assert package_version("1.6.28") == "1.6.28-2"
     (tmp_path / "jaguar.yaml").write_text((EXAMPLES / "jaguar.yaml").read_text().replace(JAGUAR_K8S, pin("1.7.24")))
     assert load_cluster(tmp_path / "jaguar.yaml").kubernetes.containerd_package_version == "1.7.24-1"
@@ -91,15 +94,17 @@ def test_default_and_its_package(tmp_path):
 def test_tables_are_consistent():
     key = lambda v: tuple(int(p) for p in v.split("."))  # noqa: E731
     minors = sorted(KUBERNETES_CONTAINERD, key=key)
-    assert minors == [f"1.{m}" for m in range(26, 37)]
+    assert minors == [f"1.{m}" for m in range(26, 38)]
     for minimums in KUBERNETES_CONTAINERD.values():
         for line, floor in minimums.items():
             assert floor.startswith(line + ".")
     for version, package in CONTAINERD_PACKAGES.items():
         assert package.startswith(version + "-")
-    # The default is supported from Kubernetes 1.30 to 1.33 (1.7.24+).
-    assert [m for m in minors if containerd_error(m + ".0", DEFAULT_CONTAINERD) is None] == [
+    # 1.7.27, the old rows' default, is supported to Kubernetes 1.33 (1.7.24+); 2.3.6 from 1.35
+    # (containerd lists 2.3 from 1.36; corral takes it on 1.35 too, versions.py says why).
+    assert [m for m in minors if containerd_error(m + ".0", "1.7.27") is None] == [
         "1.26", "1.27", "1.28", "1.29", "1.30", "1.31", "1.32", "1.33"]
+    assert [m for m in minors if containerd_error(m + ".0", DEFAULT_CONTAINERD) is None] == ["1.35", "1.36", "1.37"]
 
 
 def test_pause_image_follows_kubeadm_of_the_minor():
