@@ -313,7 +313,10 @@ def pod_security_labels(cluster: Cluster, enforce: str) -> dict[str, str]:
     stricter than enforce where that is useful: `restricted` over `baseline`
     (users see what keeps them from `restricted`), `baseline` over
     `privileged` in the audit log only (the node agents there need more, and
-    a warning on every rollout would be noise).
+    a warning on every rollout would be noise). A privileged namespace says
+    `warn: privileged` out loud: a namespace without a `warn` label takes the
+    cluster's default (`restricted`, admission-configuration.yaml.j2), as the
+    real API server showed on every apply of flannel and the node exporters.
     """
     version = f"v{cluster.kubernetes.minor}"
     audit = {"restricted": "restricted", "baseline": "restricted", "privileged": "baseline"}[enforce]
@@ -323,9 +326,8 @@ def pod_security_labels(cluster: Cluster, enforce: str) -> dict[str, str]:
         f"{PSA_PREFIX}/audit": audit,
         f"{PSA_PREFIX}/audit-version": version,
     }
-    if enforce != "privileged":
-        labels[f"{PSA_PREFIX}/warn"] = audit
-        labels[f"{PSA_PREFIX}/warn-version"] = version
+    labels[f"{PSA_PREFIX}/warn"] = audit if enforce != "privileged" else "privileged"
+    labels[f"{PSA_PREFIX}/warn-version"] = version
     return labels
 
 

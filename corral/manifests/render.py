@@ -212,6 +212,7 @@ def flannel(cluster: Cluster) -> list[dict]:
     return _template(
         "flannel",
         namespace=policy.FLANNEL_NAMESPACE,
+        pod_security=policy.pod_security_labels(cluster, "privileged"),
         cni_conf_json=cni_conf_json,
         variants=variants,
         images={"flannel": versions.FLANNEL, "cni_plugin": versions.FLANNEL_CNI_PLUGIN},
