@@ -44,7 +44,7 @@ NO_TESTS_COLLECTED = 5
 HOSTLAB_WORKERS = 2
 # A line while tiers run side by side, so a long run is not silent.
 HEARTBEAT_SECONDS = 120
-UNIT = "not hostlab and not quickstart"
+UNIT = "not hostlab and not quickstart and not kube"
 
 
 @dataclass
@@ -80,12 +80,13 @@ def tracked_changes() -> bool:
     return out.returncode != 0 or bool(out.stdout.strip())
 
 
-TIER_NAMES = ("unit", "hostlab", "quickstart")
+TIER_NAMES = ("unit", "hostlab", "quickstart", "kube")
 
 
 def tiers(wanted: list[str]) -> list[Tier]:
     """The `wanted` tiers, in order; the unit tier runs in the quickstart's only when both are wanted."""
     from tests.hostlab.lab import available as hostlab_available
+    from tests.kube.lab import available as kube_available
     from tests.quickstart.freshroot import available as quickstart_available
 
     quickstart = quickstart_available()
@@ -101,6 +102,8 @@ def tiers(wanted: list[str]) -> list[Tier]:
         Tier("quickstart", "the README's two commands on a fresh Debian 12 root"
              + (" (and, as a normal user, the unit tier)" if unit_in_quickstart else ""),
              ["-m", "quickstart"], quickstart, group="machines"),
+        Tier("kube", "corral's configuration and manifests on the real control plane, built from Go modules",
+             ["-m", "kube"], kube_available(), group="machines"),
     ]
     return [t for t in every if t.name in wanted]
 

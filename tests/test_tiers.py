@@ -38,12 +38,12 @@ def test_table_ends_with_the_total():
 
 def test_an_unknown_tier_is_refused_with_the_known_ones(capsys):
     assert tiers.main(["integration"]) == 2
-    assert "no tier integration (tiers: unit, hostlab, quickstart)" in capsys.readouterr().err
+    assert "no tier integration (tiers: unit, hostlab, quickstart, kube)" in capsys.readouterr().err
 
 
 def test_the_quick_loop_is_the_whole_unit_tier_in_parallel():
     (unit,) = tiers.tiers(["unit"])
-    assert unit.args == ["-m", "not hostlab and not quickstart"] and unit.parallel_args == ["-n", "auto"]
+    assert unit.args == ["-m", "not hostlab and not quickstart and not kube"] and unit.parallel_args == ["-n", "auto"]
 
 
 def test_the_unit_tier_moves_into_the_quickstart_only_where_that_runs_the_committed_tree(monkeypatch):
@@ -52,12 +52,12 @@ def test_the_unit_tier_moves_into_the_quickstart_only_where_that_runs_the_commit
     monkeypatch.setattr(freshroot, "available", lambda: (True, "ok"))
     monkeypatch.setattr(tiers, "tracked_changes", lambda: False)
     unit = tiers.tiers(list(tiers.TIER_NAMES))[0]
-    assert unit.args == ["-m", "root and not hostlab and not quickstart"]
+    assert unit.args == ["-m", "root and not hostlab and not quickstart and not kube"]
     monkeypatch.setattr(tiers, "tracked_changes", lambda: True)
-    assert tiers.tiers(list(tiers.TIER_NAMES))[0].args == ["-m", "not hostlab and not quickstart"]
+    assert tiers.tiers(list(tiers.TIER_NAMES))[0].args == ["-m", "not hostlab and not quickstart and not kube"]
     monkeypatch.setattr(freshroot, "available", lambda: (False, "needs root"))
     monkeypatch.setattr(tiers, "tracked_changes", lambda: False)
-    assert tiers.tiers(list(tiers.TIER_NAMES))[0].args == ["-m", "not hostlab and not quickstart"]
+    assert tiers.tiers(list(tiers.TIER_NAMES))[0].args == ["-m", "not hostlab and not quickstart and not kube"]
 
 
 def test_every_root_only_unit_test_is_marked_root():
