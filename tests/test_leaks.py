@@ -34,3 +34,18 @@ def test_a_thread_or_process_left_running_fails_that_test_only(pytester, monkeyp
     text = result.stdout.str()
     assert "1 thread(s): watch-forever at" in text
     assert "1 child process(es): pid" in text and "sleep 8" in text
+
+
+def test_tests_on_throwaway_hosts_are_exempt(pytester, monkeypatch):
+    monkeypatch.setenv("CORRAL_TEST_LEAK_GRACE_SECONDS", "1")
+    pytester.makeconftest('pytest_plugins = ["tests.leaks"]\n')
+    pytester.makeini("[pytest]\nmarkers =\n    hostlab: throwaway hosts\n")
+    pytester.makepyfile(test_inner=textwrap.dedent("""
+        import threading, pytest
+
+        @pytest.mark.hostlab
+        def test_boots_a_host_the_module_shares():
+            threading.Thread(target=threading.Event().wait, daemon=True).start()
+    """))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-o", "pythonpath=" + str(ROOT))
+    result.assert_outcomes(passed=1)

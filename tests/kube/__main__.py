@@ -1,12 +1,13 @@
 """`python -m tests.kube up DIR [CLUSTER_FILE]` / `down DIR`: the kube lab from a shell
-(scripts/kube-lab). `up` prints the admin kubeconfig's path as its last line."""
+(scripts/kube-lab). `up` prints the admin kubeconfig's path as its last line. Without a
+cluster file it runs the kube tier's cluster (lab.lab_cluster_file)."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from .lab import DEFAULT_CLUSTER, STATE_FILE, KubeLab, KubeLabError, KubeUnavailable
+from .lab import STATE_FILE, KubeLab, KubeLabError, KubeUnavailable, bin_dir, built_version, lab_cluster_file
 
 USAGE = "usage: scripts/kube-lab up DIR [CLUSTER_FILE] | down DIR"
 
@@ -23,9 +24,11 @@ def main(argv: list[str]) -> int:
         KubeLab.load(root).down()
         print(f"kube-lab: stopped the lab in {root}")
         return 0
-    cluster = Path(argv[2]) if len(argv) == 3 else DEFAULT_CLUSTER
     try:
-        lab = KubeLab(root, cluster.resolve()).up()
+        bins = bin_dir()
+        cluster = (Path(argv[2]).resolve() if len(argv) == 3
+                   else lab_cluster_file(root.parent / f"{root.name}-clusters", built_version(bins)))
+        lab = KubeLab(root, cluster, bins).up()
     except KubeUnavailable as why:
         print(f"kube-lab: {why}", file=sys.stderr)
         return 3

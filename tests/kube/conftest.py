@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from .lab import KubeLab, KubeUnavailable, available, bin_dir, lab_cluster_file
+from .lab import KubeLab, KubeUnavailable, available, bin_dir, built_version, lab_cluster_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,11 +26,6 @@ def kube_bins() -> Path:
         return bin_dir()
     except KubeUnavailable as why:
         pytest.skip(f"kube tier unavailable: {why}")
-
-
-def built_version(bins: Path) -> str:
-    return subprocess.run([str(bins / "kubeadm"), "version", "-o", "short"], capture_output=True, text=True,
-                          timeout=30, check=True).stdout.strip()
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ corral's admission configuration, encryption configuration, audit policy, API pr
 and fairness sizing and scheduler configuration reach the real programs unchanged, and a
 flag or field the pinned release no longer has stops the lab (a failure, not a skip).
 
-    lab = KubeLab(Path("/tmp/lab"), Path("clusters/heron.yaml")).up()
+    lab = KubeLab(Path("/tmp/lab"), lab_cluster_file(Path("/tmp/clusters"), "v1.37.2")).up()
     lab.kubectl("get", "--raw", "/readyz")
     lab.down()
 
@@ -39,7 +39,6 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = ROOT / "scripts" / "build-kube"
-DEFAULT_CLUSTER = ROOT / "clusters" / "heron.yaml"
 # The exit status of scripts/build-kube on a machine without Go (the tier skips and says why).
 NO_GO = 3
 STATE_FILE = "lab.json"
@@ -85,6 +84,12 @@ def bin_dir() -> Path:
     if run.returncode != 0:
         raise KubeLabError(f"scripts/build-kube failed (exit {run.returncode}):\n{run.stderr[-3000:]}")
     return Path(run.stdout.strip().splitlines()[-1])
+
+
+def built_version(bins: Path) -> str:
+    """The Kubernetes release of the built programs ("v1.37.2"), as kubeadm says it."""
+    return subprocess.run([str(bins / "kubeadm"), "version", "-o", "short"], capture_output=True, text=True,
+                          timeout=30, check=True).stdout.strip()
 
 
 def lab_cluster_file(folder: Path, version: str, source: Path = ROOT / "clusters" / "jaguar.yaml") -> Path:
@@ -176,7 +181,7 @@ class KubeLab:
     """One control plane on loopback, in `root`, for the cluster of `cluster_file`."""
 
     root: Path
-    cluster_file: Path = DEFAULT_CLUSTER
+    cluster_file: Path
     bins: Path | None = None
     ports: dict[str, int] = field(default_factory=dict)
     pids: dict[str, int] = field(default_factory=dict)
@@ -390,12 +395,12 @@ class KubeLab:
             return False
         try:
             waited, _ = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            waited = 0
+        except ChildProcessError:  # started by another process (scripts/kube-lab up)
             try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
                 return False
+            return stat.rsplit(")", 1)[1].split()[0] != "Z"
         return waited == 0
 
     def down(self) -> None:
