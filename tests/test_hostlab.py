@@ -28,6 +28,8 @@ _ROOT = Path(__file__).resolve().parents[1]
 if str(_ROOT) not in sys.path:  # `pytest tests/test_hostlab.py` without pythonpath config
     sys.path.insert(0, str(_ROOT))
 
+from corral.model.versions import DEFAULT_CONTAINERD  # noqa: E402
+from tests import gobuild  # noqa: E402
 from tests.hostlab import Lab, LabConfig, available  # noqa: E402
 from tests.hostlab import lab as lab_module  # noqa: E402
 from tests.hostlab.aptrepo import default_repos, render_fake  # noqa: E402
@@ -169,8 +171,15 @@ def test_repo_recipes_mirror_upstream_names_and_versions():
                                                k8s_versions=("1.30.8", "1.31.4"))}
     assert set(repos) == {"cuda", "nvidia-container-toolkit", "kubernetes-v1.30", "kubernetes-v1.31", "docker",
                           "debian-kernel", "debian-kernel-update"}
-    # Docker's containerd.io at the model's default version (corral/model/containerd.py).
-    assert {(p.name, p.version) for p in repos["docker"].packages} == {("containerd.io", "1.7.27-1")}
+    # Docker's containerd.io: the last 1.7 corral pinned and the catalog's default (the real
+    # containerd inside, built by scripts/build-runtime), when this machine can build it.
+    docker = {(p.name, p.version): p for p in repos["docker"].packages}
+    expected = {("containerd.io", "1.7.27-1")}
+    if gobuild.available("build-runtime", "CORRAL_RUNTIME_BIN")[0]:
+        expected.add(("containerd.io", f"{DEFAULT_CONTAINERD}-1"))
+        real = docker["containerd.io", f"{DEFAULT_CONTAINERD}-1"]
+        assert real.files["/usr/bin/containerd"][0] == "program" and real.conflicts == ["containerd"]
+    assert set(docker) == expected
     # A Debian flavour's kernel, headers and metapackages, before and after an update.
     kernel = {p.name: p.version for p in repos["debian-kernel"].packages}
     assert kernel == {"linux-image-6.1.0-90-amd64": "6.1.500-1", "linux-headers-6.1.0-90-amd64": "6.1.500-1",

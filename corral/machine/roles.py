@@ -67,7 +67,7 @@ def api_server_role(cluster: Cluster, lay: Layout, index: int) -> Role:
 
 def pool_node_role(cluster: Cluster, lay: Layout, pool: CloudPool) -> Role:
     return Role("cloud pool node", pool.name, (
-        kubelet_node.part(cluster),
+        kubelet_node.part(cluster, gpu=pool.gpu is not None),
         # Sized on the machine before the join (same phase, earlier part).
         kubelet_reservations.part(pool),
         # Its cloud network topology into the join configuration's node labels, before the join.

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from ruamel.yaml import YAML
 
-from corral.machine.kubelet_node import node_files
+from corral.machine.containerd_config import render_config
+from corral.machine.kubelet_node import CONTAINERD_CONFIG_STAGED, node_files
 from corral.manifests.policy import NODE_RUNTIME_SETTINGS
 from corral.model import load_cluster
 from corral.model.containerd import default_containerd, package_version, pause_image
@@ -54,5 +55,11 @@ def test_cloud_nodes_install_the_clusters_containerd_with_its_sandbox_image_and_
     # Not Debian's containerd (1.6.20, below the minimum for Kubernetes 1.30+).
     installs = [line for line in prep.replace("\\\n", " ").splitlines() if "apt_get install" in line]
     assert installs and not any(" containerd " in f"{line} " for line in installs)
-    assert f'sandbox_image = "{pause_image(cluster.kubernetes.version)}"' in prep
+    # The containerd config corral renders (the same template as the role's), checked
+    # by containerd and then put in place after the package is installed.
+    staged = next(f.content for f in node_files(cluster) if f.path == CONTAINERD_CONFIG_STAGED)
+    assert staged == render_config(cluster.kubernetes.containerd, pause_image(cluster.kubernetes.version),
+                                   nvidia_runtime=False)
+    install_at = prep.index("apt_get install -y -q --allow-downgrades")
+    assert install_at < prep.index("config dump") < prep.index(f"install -D -m 0644 {CONTAINERD_CONFIG_STAGED}")
     assert "LimitMEMLOCK=infinity" in prep

@@ -33,7 +33,10 @@ import pytest
 import yaml
 
 from corral.manifests.policy import NODE_RUNTIME_SETTINGS
+from corral.machine.containerd_config import render_config
+from tests import gobuild
 from tests.ansible.recap import parse_recap
+from tests.hostlab.aptrepo import CONTAINERD_CURRENT, CONTAINERD_LEGACY
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_DIR = REPO / "ansible"
@@ -60,6 +63,12 @@ GPU1, GPU2, CPU1 = (
     "rl-gpu-002.sf1.internal",
     "rl-cpu-001.sf1.internal",
 )
+# containerd per host: gpu-001 keeps the last 1.7 (Debian's containerd 1.6.20 inside the test
+# package; config layout version 2), gpu-002 and cpu-001 run the real containerd 2.3.6 built
+# from its Go module (scripts/build-runtime; layout version 4), the catalog's default for every
+# supported Kubernetes minor. One run proves both layouts of corral's config on a running daemon.
+CONTAINERD = {GPU1: CONTAINERD_LEGACY.split("-")[0], GPU2: CONTAINERD_CURRENT.split("-")[0],
+              CPU1: CONTAINERD_CURRENT.split("-")[0]}
 HOSTS = {
     GPU1: {
         "groups": ["onprem_nodes", "gpu_nodes", "roce_nodes", "site_sf1", "pool_h100"]
@@ -109,6 +118,7 @@ def inventory(lab, repo, key_path: str) -> dict:
     inv = lab.inventory_data(
         hosts,
         groups=groups,
+        host_vars={name: {"corral_containerd_version": version} for name, version in CONTAINERD.items()},
         vars={
             # cluster
             "corral_cluster_name": "jaguar",
@@ -203,6 +213,9 @@ def explain(run: dict) -> str:
 
 @pytest.fixture(scope="module")
 def lab_run(hostlab, hostlab_repo, tmp_path_factory):
+    ok, reason = gobuild.available("build-runtime", "CORRAL_RUNTIME_BIN")
+    if not ok:
+        pytest.skip(f"the real containerd 2.x cannot be built here: {reason}")
     lab, repo = hostlab, hostlab_repo
     workdir = tmp_path_factory.mktemp("ansible-hostlab")
     key_path = "/etc/corral-test/hostlab-archive-key.asc"
@@ -489,16 +502,33 @@ def _containerd_config(h) -> dict:
 @pytest.mark.parametrize("name,gpu", [(GPU1, True), (GPU2, True), (CPU1, False)])
 def test_containerd(th, name, gpu):
     h = th[name]
-    cri = _containerd_config(h)["plugins"]["io.containerd.grpc.v1.cri"]
-    runtimes = cri["containerd"]["runtimes"]
+    version = CONTAINERD[name]
+    text = h.file("/etc/containerd/config.toml").content_string
+    # The role wrote corral's template whole: the same bytes the cloud node prep writes.
+    assert text == render_config(version, "registry.k8s.io/pause:3.10", nvidia_runtime=gpu)
+    # What the daemon on the host runs with, as it says (not what the file says).
+    dump = h.run("containerd config dump")
+    assert dump.rc == 0, dump.stderr
+    assert "unknown key" not in dump.stderr
+    effective = tomllib.loads(dump.stdout)
+    if version.startswith("1."):
+        cri = effective["plugins"]["io.containerd.grpc.v1.cri"]
+        sandbox, runtime = cri["sandbox_image"], cri
+        assert cri["cni"]["bin_dir"] == "/opt/cni/bin"
+    else:
+        sandbox = effective["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"]
+        runtime = effective["plugins"]["io.containerd.cri.v1.runtime"]
+        assert runtime["cni"]["bin_dirs"] == ["/opt/cni/bin"]
+        # The real containerd 2 is running, with its CRI plugins loaded.
+        assert f"v{version} " in h.check_output("containerd --version") + " "
+        plugins = h.check_output("ctr plugins ls")
+        assert re.search(r"io\.containerd\.cri\.v1\s+runtime\s+.*\bok\b", plugins), plugins
+    assert sandbox == "registry.k8s.io/pause:3.10"
+    runtimes = runtime["containerd"]["runtimes"]
     assert runtimes["runc"]["options"]["SystemdCgroup"] is True
-    assert cri["sandbox_image"] == "registry.k8s.io/pause:3.10"
     if gpu:
-        assert cri["containerd"]["default_runtime_name"] == "nvidia"
-        assert (
-            runtimes["nvidia"]["options"]["BinaryName"]
-            == "/usr/bin/nvidia-container-runtime"
-        )
+        assert runtime["containerd"]["default_runtime_name"] == "nvidia"
+        assert runtimes["nvidia"]["options"]["BinaryName"] == "/usr/bin/nvidia-container-runtime"
         assert runtimes["nvidia"]["options"]["SystemdCgroup"] is True
         # Pinned past CVE-2025-23266, and held.
         assert h.package("nvidia-container-toolkit").version == "1.17.8-1"
@@ -508,11 +538,11 @@ def test_containerd(th, name, gpu):
         toolkit = tomllib.loads(h.file("/etc/nvidia-container-runtime/config.toml").content_string)
         assert {key: toolkit.get(key) for key in NODE_RUNTIME_SETTINGS} == NODE_RUNTIME_SETTINGS
     else:
-        assert cri["containerd"]["default_runtime_name"] == "runc"
+        assert runtime["containerd"]["default_runtime_name"] == "runc"
         assert "nvidia" not in runtimes
-    # Docker's containerd.io at the cluster's version, held (Debian 12's own
+    # Docker's containerd.io at the host's version, held (Debian 12's own
     # 1.6.20 is below containerd's minimum for Kubernetes 1.31).
-    assert h.package("containerd.io").version == "1.7.27-1"
+    assert h.package("containerd.io").version == f"{version}-1"
     assert "containerd.io" in h.check_output("apt-mark showhold").split()
     # RDMA pins memory: containers inherit containerd's unlimited memlock.
     assert h.check_output("systemctl show containerd -p LimitMEMLOCK") == "LimitMEMLOCK=infinity"

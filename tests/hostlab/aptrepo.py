@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from tests import gobuild
+
 from .lab import Host, Lab, LabConfig, LabError, _flock, _run
 
 FAKEPKGS = Path(__file__).with_name("fakepkgs")
@@ -72,8 +74,10 @@ class FakePackage:
     recommends: list[str] = dataclasses.field(default_factory=list)
     provides: list[str] = dataclasses.field(default_factory=list)
     conflicts: list[str] = dataclasses.field(default_factory=list)
+    replaces: list[str] = dataclasses.field(default_factory=list)
     #: destination path -> ("fake", program source name) | ("file", source) | ("text", content)
     #: | ("exec", content of an executable) | ("link", symlink target)
+    #: | ("program", absolute path of a real program built on this machine, e.g. by scripts/build-runtime)
     files: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
     #: systemd units enabled at install (and started, unless in ``no_start``)
     units: list[str] = dataclasses.field(default_factory=list)
@@ -219,14 +223,49 @@ def k8s_packages(k8s_version: str, cri_tools_version: str | None = None,
     ]
 
 
-def containerd_packages(version: str = "1.7.27-1") -> list[FakePackage]:
-    """Docker's containerd.io (TEST FAKE): the real package carries its own
-    containerd and runc (and Conflicts with Debian's); this fake carries the
-    name and version and brings Debian's containerd as a dependency, so the
-    role's repository, pin, hold and configuration run for real."""
-    return [FakePackage("containerd.io", version, "An open and reliable container runtime (TEST FAKE: Debian's containerd inside)",
-                        depends=["containerd (>= 1.6.20~)"],
-                        files={"/usr/share/doc/containerd.io/TEST-FAKE": _doc("containerd.io")})]
+# The containerd.io versions the test repository carries: the last 1.7 that corral pinned
+# before containerd 2 (its config layout is version 2) and the catalog's default for every
+# supported Kubernetes minor (corral/model/versions.py DEFAULT_CONTAINERD).
+CONTAINERD_LEGACY = "1.7.27-1"
+CONTAINERD_CURRENT = "2.3.6-1"
+
+
+def containerd_packages(runtime_bin: Path | None = None) -> list[FakePackage]:
+    """Docker's containerd.io (TEST FAKE package; the 2.x one carries the real containerd).
+
+    1.7.27-1 carries the name and version and brings Debian's containerd (1.6.20, config
+    version 2) as a dependency, so the role's repository, pin, hold and configuration run
+    for real. 2.3.6-1 carries the real containerd, containerd-shim-runc-v2 and ctr v2.3.6
+    built from their Go module (scripts/build-runtime; `runtime_bin` is its bin folder) and
+    containerd's own systemd unit, and replaces Debian's containerd as the real package
+    does; it is left out on a machine that cannot build it (no Go). Neither carries runc
+    (the real one does; it needs cgo): Debian's runc comes as a dependency."""
+    packages = [FakePackage("containerd.io", CONTAINERD_LEGACY,
+                            "An open and reliable container runtime (TEST FAKE: Debian's containerd inside)",
+                            depends=["containerd (>= 1.6.20~)"],
+                            files={"/usr/share/doc/containerd.io/TEST-FAKE": _doc("containerd.io")})]
+    if runtime_bin is not None:
+        unit = (runtime_bin.parent / "containerd.service").read_text()
+        packages.append(FakePackage(
+            "containerd.io", CONTAINERD_CURRENT,
+            "An open and reliable container runtime (TEST FAKE package: the real containerd v2.3.6 inside)",
+            depends=["runc"], conflicts=["containerd"], replaces=["containerd"],
+            files={**{f"/usr/bin/{name}": ("program", str(runtime_bin / name))
+                      for name in ("containerd", "containerd-shim-runc-v2", "ctr")},
+                   # As containerd.io installs it: the binary in /usr/bin.
+                   "/lib/systemd/system/containerd.service":
+                       ("text", unit.replace("/usr/local/bin/containerd", "/usr/bin/containerd")),
+                   "/usr/share/doc/containerd.io/TEST-FAKE": _doc("containerd.io")},
+            units=["containerd.service"]))
+    return packages
+
+
+def _runtime_bin() -> Path | None:
+    """scripts/build-runtime's bin folder, or None on a machine without Go."""
+    try:
+        return gobuild.runtime_bin_dir()
+    except gobuild.GoBuildUnavailable:
+        return None
 
 
 def _run_kernel_hooks(hook_dir: str, release: str) -> str:
@@ -297,7 +336,7 @@ def default_repos(driver_versions: Sequence[str] = ("550.127.05",),
                  [p for v in toolkit_versions for p in toolkit_packages(v, gpu_count)]),
     ]
     repos += [
-        RepoSpec("docker", "linux/debian", "Docker", "Docker CE", containerd_packages()),
+        RepoSpec("docker", "linux/debian", "Docker", "Docker CE", containerd_packages(_runtime_bin())),
         # A Debian kernel flavour's packages before and after a kernel update
         # (tests/ansible/test_kernel_update.py adds the second to a host later).
         RepoSpec("debian-kernel", "debian-kernel", "Debian", "Debian kernel (TEST FAKE)",
@@ -570,6 +609,9 @@ class AptRepo:
             elif kind == "file":
                 shutil.copyfile(FAKEPKGS / src, target)
                 target.chmod(0o644)
+            elif kind == "program":
+                shutil.copyfile(src, target)
+                target.chmod(0o755)
             else:
                 target.write_text(src)
                 target.chmod(0o755 if kind == "exec" else 0o644)
@@ -578,6 +620,7 @@ class AptRepo:
                   ("Section", pkg.section), ("Priority", "optional"),
                   ("Depends", ", ".join(pkg.depends)), ("Recommends", ", ".join(pkg.recommends)),
                   ("Provides", ", ".join(pkg.provides)), ("Conflicts", ", ".join(pkg.conflicts)),
+                  ("Replaces", ", ".join(pkg.replaces)),
                   ("Homepage", "https://example.invalid/corral-hostlab-test-fake"),
                   ("Description", f"{pkg.description}\n TEST FAKE built by corral's hostlab for "
                                   "role tests; it is not the real software.")]

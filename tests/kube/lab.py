@@ -37,10 +37,10 @@ from pathlib import Path
 
 import yaml
 
+from tests import gobuild
+from tests.gobuild import GoBuildUnavailable
+
 ROOT = Path(__file__).resolve().parents[2]
-BUILD_SCRIPT = ROOT / "scripts" / "build-kube"
-# The exit status of scripts/build-kube on a machine without Go (the tier skips and says why).
-NO_GO = 3
 STATE_FILE = "lab.json"
 READY_SECONDS = 120
 
@@ -56,34 +56,25 @@ MACHINE_VALUES = (
 )
 
 
-class KubeUnavailable(RuntimeError):
-    """The machine cannot build or run the real programs (no Go); the reason says what to install."""
-
-
 class KubeLabError(RuntimeError):
     """A real program refused corral's configuration, or did not become ready."""
 
 
+# A machine without Go cannot build the real programs.
+KubeUnavailable = GoBuildUnavailable
+
+
 def available() -> tuple[bool, str]:
     """Can this machine run the kube tier? (ok, reason): the real programs are built with Go."""
-    if os.environ.get("CORRAL_KUBE_BIN"):
-        return True, ""
-    if shutil.which("go") is None:
-        return False, ("no Go toolchain on PATH: the real Kubernetes programs are built from their Go "
-                       "modules (scripts/build-kube); install Go 1.26 or set CORRAL_KUBE_BIN")
-    return True, ""
+    return gobuild.available("build-kube", "CORRAL_KUBE_BIN")
 
 
 def bin_dir() -> Path:
     """The folder of the real binaries, built once per version (scripts/build-kube)."""
-    if os.environ.get("CORRAL_KUBE_BIN"):
-        return Path(os.environ["CORRAL_KUBE_BIN"])
-    run = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=3600)
-    if run.returncode == NO_GO:
-        raise KubeUnavailable(run.stderr.strip() or "scripts/build-kube: no Go toolchain")
-    if run.returncode != 0:
-        raise KubeLabError(f"scripts/build-kube failed (exit {run.returncode}):\n{run.stderr[-3000:]}")
-    return Path(run.stdout.strip().splitlines()[-1])
+    try:
+        return gobuild.built_bin_dir("build-kube", "CORRAL_KUBE_BIN")
+    except gobuild.GoBuildFailed as why:
+        raise KubeLabError(str(why)) from None
 
 
 def built_version(bins: Path) -> str:
