@@ -28,6 +28,7 @@ _ROOT = Path(__file__).resolve().parents[1]
 if str(_ROOT) not in sys.path:  # `pytest tests/test_hostlab.py` without pythonpath config
     sys.path.insert(0, str(_ROOT))
 
+from corral.model.containerd import package_version  # noqa: E402
 from corral.model.versions import DEFAULT_CONTAINERD  # noqa: E402
 from tests import gobuild  # noqa: E402
 from tests.hostlab import Lab, LabConfig, available  # noqa: E402
@@ -176,8 +177,8 @@ def test_repo_recipes_mirror_upstream_names_and_versions():
     docker = {(p.name, p.version): p for p in repos["docker"].packages}
     expected = {("containerd.io", "1.7.27-1")}
     if gobuild.available("build-runtime", "CORRAL_RUNTIME_BIN")[0]:
-        expected.add(("containerd.io", f"{DEFAULT_CONTAINERD}-1"))
-        real = docker["containerd.io", f"{DEFAULT_CONTAINERD}-1"]
+        expected.add(("containerd.io", package_version(DEFAULT_CONTAINERD)))
+        real = docker["containerd.io", package_version(DEFAULT_CONTAINERD)]
         assert real.files["/usr/bin/containerd"][0] == "program" and real.conflicts == ["containerd"]
     assert set(docker) == expected
     # A Debian flavour's kernel, headers and metapackages, before and after an update.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import timedelta
+from datetime import date, timedelta
 from pathlib import Path
 from typing import Annotated
 
@@ -34,15 +34,29 @@ def _etcd_summary(cluster) -> str:
     return f"{etcd.members}x {etcd.disk.type} {etcd.disk.iops:,} IOPS"
 
 
+def _day(text: str) -> date:
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise typer.BadParameter(f"'{text}' is not a date (YYYY-MM-DD)") from None
+
+
 def validate(
     paths: Annotated[list[Path] | None, typer.Argument(help="Cluster files or folders (default: --clusters).")] = None,
     clusters: ClustersOption = DEFAULT_CLUSTERS,
+    on: Annotated[date | None, typer.Option(
+        "--on", parser=_day, metavar="YYYY-MM-DD",
+        help="Judge end of life as of this day (default: today): what would be refused or warned then.",
+        show_default=False)] = None,
 ) -> None:
     """Check cluster files against the schema and the fleet rules, their stack files for placeholders,
-    and the fleet file (fleet.yaml beside the clusters folder, or one named) with the clusters it names."""
+    the fleet file (fleet.yaml beside the clusters folder, or one named) with the clusters it names,
+    and that every cluster's Kubernetes minor, containerd line and NVIDIA driver branches are in
+    upstream support today (refused past their end of life, warned 60 days before; docs/versions.md)."""
     from corral.manifests.fleet_addons import fleet_file_beside
     from corral.model import ValidationFailed
     from corral.model.stack import placeholder_problems, stack_file_beside
+    from corral.model.support import support_findings
 
     given = list(paths or [])
     # A fleet file named on the command line is checked as one (kind: Fleet), not as a cluster file.
@@ -59,6 +73,15 @@ def validate(
                 stack_problems += placeholder_problems(stack, cluster.name)
             except ValidationFailed as failed:
                 stack_problems += failed.problems
+    today = on or date.today()
+    for cluster in fleet:
+        document = fleet.documents[cluster.name]
+        for finding in support_findings(cluster, today):
+            problem = document.problem(finding.path, finding.message)
+            if finding.refused:
+                stack_problems.append(problem)
+            else:
+                err.print(f"warning: {problem}", markup=False)
     if stack_problems:
         report_problems(ValidationFailed(stack_problems))
     for cluster in fleet:
@@ -199,7 +222,7 @@ def fleet_manifests(
 
 
 def _parse_duration(text: str) -> timedelta:
-    from datetime import timedelta
+    from datetime import date, timedelta
 
     units = {"h": 3600, "d": 86400}
     if len(text) < 2 or text[-1] not in units or not text[:-1].isdigit():

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corral.model import Cluster
+from corral.model import versions
 from corral.model.layout import Machine
 
 from .apt import apt_context
@@ -20,8 +21,9 @@ from .files import File, render
 from .node_exporter import TEXTFILE_DIR
 from .part import Part, Phase
 
-# etcd 3.5 is the series Kubernetes 1.30-1.32 are tested with.
-ETCD_VERSION = "3.5.17"
+# The version catalog's etcd for dedicated members (3.6: at or above kubeadm's
+# minimum external etcd for every supported Kubernetes minor).
+ETCD_VERSION = versions.ETCD_MEMBER.value
 ETCD_DATA_DIR = "/var/lib/etcd"
 ETCD_PKI_DIR = "/etc/etcd/pki"
 ETCD_CONFIG = "/etc/etcd/etcd.conf.yaml"

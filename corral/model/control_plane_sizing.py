@@ -71,10 +71,12 @@ SCHEDULER_TUNING_SOURCE = "Scheduler Performance Tuning (kubernetes/website sche
 ETCD_DEFAULT_QUOTA_GIB = 2
 # etcd 3.5.5 added --experimental-compact-hash-check-enabled (etcd
 # CHANGELOG-3.5: "to support enabling reliable corruption detection on
-# compacted revisions"); its config-file key is the flag's name (etcd
-# server/embed/config.go, `json:"experimental-compact-hash-check-enabled"`).
-# corral pins etcd 3.5.17 (corral/machine/etcd_member.py).
-ETCD_CORRUPTION_SOURCE = "etcd CHANGELOG-3.5 (v3.5.5); kubermatic/kubeone passes both to etcd 3.5"
+# compacted revisions"); etcd 3.6 made both checks the feature gates
+# InitialCorruptCheck and CompactHashCheck (server/features/etcd_features.go),
+# set in the config file as `feature-gates` (server/embed/config.go,
+# `json:"feature-gates"`). corral pins etcd 3.6 (versions.ETCD_MEMBER).
+ETCD_CORRUPTION_SOURCE = ("etcd CHANGELOG-3.5 (v3.5.5); server/features/etcd_features.go and server/embed/config.go "
+                          "at v3.6.17 (the feature gates that replace the experimental flags)")
 # kube-apiserver compacts etcd itself: --etcd-compaction-interval Default 5m0s
 # (kube-apiserver.md); etcd's own auto-compaction stays off.
 APISERVER_COMPACTION_INTERVAL = "5m0s"
@@ -239,10 +241,9 @@ def size(cluster: Cluster) -> ControlPlaneSizing:
         Setting("etcd", "quota-backend-bytes", str(quota_gib * 1024**3),
                 f"controlPlane.etcd.quotaBackendGiB = {quota_gib} (etcd's default {ETCD_DEFAULT_QUOTA_GIB} GiB)",
                 "etcd docs, dev-guide/limit (8 GiB suggested maximum); OpenAI, Scaling Kubernetes to 2,500 nodes"),
-        Setting("etcd", "experimental-compact-hash-check-enabled", "true",
-                "always: a member whose compacted data diverged raises a CORRUPT alarm", ETCD_CORRUPTION_SOURCE),
-        Setting("etcd", "experimental-initial-corrupt-check", "true",
-                "always: a member checks its data against its peers before serving", ETCD_CORRUPTION_SOURCE),
+        Setting("etcd", "feature-gates", "InitialCorruptCheck=true,CompactHashCheck=true",
+                "always: a member checks its data against its peers before serving, and a member whose "
+                "compacted data diverged raises a CORRUPT alarm", ETCD_CORRUPTION_SOURCE),
     )
     return ControlPlaneSizing(
         nodes=nodes, api_server_vcpus=vcpus,

@@ -168,10 +168,10 @@ _CONTAINERD_1_7 = Pin("1.7.27", "the newest 1.7 (LTS) release docker/containerd-
 # The default of the supported rows: containerd 2.3, the LTS line (RELEASES.md: LTS to 2028-04-30).
 _CONTAINERD_2_3 = Pin("2.3.6", "containerd RELEASES.md \"Current State\": 2.3 is LTS to 2028-04-30; 2.3.6-1 is the "
                       "newest containerd.io 2.3 package seen (CONTAINERD_PACKAGES, UNCONFIRMED for bookworm)")
-_RUNC_OF_2_3_6 = Pin(None, "containerd script/setup/runc-version at v2.3.4 (runc v1.4.3) and v2.3.7 (v1.5.2); runc "
-                     "CHANGELOG.md (CVE-2025-31133, -52565, -52881 fixed in 1.4.0-rc.3)", missing=(
-                         "the runc inside containerd.io 2.3.6-1 was not read (containerd v2.3.4 ships runc v1.4.3, "
-                         "v2.3.7 v1.5.2, both past the 2025 container-escape fixes; Docker may build another ref)"))
+_RUNC_OF_2_3_6 = Pin("1.5.1", "containerd script/setup/runc-version at v2.3.6 (read in the Go module "
+                     "github.com/containerd/containerd/v2@v2.3.6): the runc containerd 2.3.6 is built and tested "
+                     "with; runc CHANGELOG.md: CVE-2025-31133, -52565 and -52881 are fixed from 1.4.0-rc.3 (and "
+                     "1.2.8, 1.3.3). Docker's containerd.io build of 2.3.6-1 was not read")
 _DRIVER_R580 = Pin("R580", NVIDIA_DRIVERS + ": R580 is a long-term support branch (LTSB) to June 2028, and the last "
                    "branch for Volta, Pascal and Maxwell (cuda-toolkit-driver-and-architecture-matrix.html)")
 _V1BETA4 = "v1beta4"
@@ -327,6 +327,14 @@ DRIVER_BRANCHES: dict[str, Line] = {line.name: line for line in (
 )}
 
 # --- Components that do not follow the Kubernetes minor ---------------------------------------
+
+# The etcd corral's dedicated members run (corral/machine/etcd_member.py), one version for every
+# supported minor: at or above each row's min_external_etcd (kubeadm refuses an external etcd
+# below it in preflight) and on a line etcd supports. 3.6 is the line kubeadm 1.35 and 1.36
+# default to (3.6.6-0, 3.6.8-0); 1.37's default is 3.7.0-0.
+ETCD_MEMBER = Pin("3.6.17", "go.etcd.io/etcd/server/v3 versions on the Go module proxy (v3.6.17, the newest 3.6, "
+                  "with v3.7.0 to v3.7.4); etcd.io/docs upgrades/upgrade_3_6: members on 3.5 go to the newest "
+                  "3.5 patch (3.5.26 or later) before 3.6, one minor at a time")
 # Images the add-on manifests run (corral/manifests/versions.py reads them). How to bump: change the
 # pin here, run `corral manifests <cluster> --validate` for each cluster, regenerate the goldens
 # (`CORRAL_UPDATE_GOLDEN=1 pytest tests/manifests`) and review the diff: it must show only the image
@@ -519,3 +527,16 @@ def support_problem(version: str, today: date, cluster: str = "<cluster>") -> Su
 DEFAULT_CONTAINERD = MINORS[SUPPORTED_MINORS[-1]].containerd_default.value
 # A Kubernetes version for messages' examples: the newest patch of the newest supported minor.
 EXAMPLE_VERSION = f"{SUPPORTED_MINORS[-1]}.{MINORS[SUPPORTED_MINORS[-1]].latest_patch}"
+
+
+def _new_cluster_version() -> str:
+    """The newest patch of the newest supported minor that has every add-on a cluster with cloud pools
+    runs (a cluster-autoscaler): what `corral cluster new` writes when the fleet has no newer one."""
+    for minor in reversed(SUPPORTED_MINORS):
+        entry = MINORS[minor]
+        if entry.cluster_autoscaler is not None and entry.cluster_autoscaler.value is not None:
+            return f"{minor}.{entry.latest_patch}"
+    return EXAMPLE_VERSION
+
+
+NEW_CLUSTER_VERSION = _new_cluster_version()

@@ -17,6 +17,7 @@ from corral.machine.kubelet_node import CONTAINERD_CONFIG_STAGED, node_files
 from corral.manifests.policy import NODE_RUNTIME_SETTINGS
 from corral.model import load_cluster
 from corral.model.containerd import default_containerd, package_version, pause_image
+from corral.model.versions import NEW_CLUSTER_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTERS = sorted((ROOT / "clusters").glob("*.yaml"))
@@ -42,8 +43,15 @@ def test_the_roles_default_containerd_is_the_models():
     # The model's default for the Kubernetes version the roles default to (the version catalog's row).
     kubernetes = role_defaults("kubelet_join")["corral_kubernetes_version"]
     assert defaults["corral_containerd_version"] == default_containerd(kubernetes)
+    assert defaults["corral_containerd_sandbox_image"] == pause_image(kubernetes)
     assert defaults["corral_containerd_package"] == "containerd.io"
     assert defaults["corral_containerd_package_set"]["hold"] is True
+
+
+def test_the_roles_default_kubernetes_is_what_a_new_cluster_runs():
+    # The newest supported minor a cluster with cloud pools can run (the version catalog).
+    assert role_defaults("kubelet_join")["corral_kubernetes_version"] == NEW_CLUSTER_VERSION
+    assert role_defaults("kubelet_upgrade")["corral_kubernetes_version"] == NEW_CLUSTER_VERSION
 
 
 @pytest.mark.parametrize("path", CLUSTERS, ids=lambda p: p.stem)

@@ -67,8 +67,11 @@ GPU1, GPU2, CPU1 = (
 # package; config layout version 2), gpu-002 and cpu-001 run the real containerd 2.3.6 built
 # from its Go module (scripts/build-runtime; layout version 4), the catalog's default for every
 # supported Kubernetes minor. One run proves both layouts of corral's config on a running daemon.
-CONTAINERD = {GPU1: CONTAINERD_LEGACY.split("-")[0], GPU2: CONTAINERD_CURRENT.split("-")[0],
-              CPU1: CONTAINERD_CURRENT.split("-")[0]}
+PACKAGE = {GPU1: CONTAINERD_LEGACY, GPU2: CONTAINERD_CURRENT, CPU1: CONTAINERD_CURRENT}
+CONTAINERD = {name: package.split("-")[0] for name, package in PACKAGE.items()}
+# The roles' default pause image (the inventory here passes none).
+SANDBOX = yaml.safe_load((ANSIBLE_DIR / "roles" / "container_runtime" / "defaults" / "main.yml").read_text())[
+    "corral_containerd_sandbox_image"]
 HOSTS = {
     GPU1: {
         "groups": ["onprem_nodes", "gpu_nodes", "roce_nodes", "site_sf1", "pool_h100"]
@@ -505,7 +508,7 @@ def test_containerd(th, name, gpu):
     version = CONTAINERD[name]
     text = h.file("/etc/containerd/config.toml").content_string
     # The role wrote corral's template whole: the same bytes the cloud node prep writes.
-    assert text == render_config(version, "registry.k8s.io/pause:3.10", nvidia_runtime=gpu)
+    assert text == render_config(version, SANDBOX, nvidia_runtime=gpu)
     # What the daemon on the host runs with, as it says (not what the file says).
     dump = h.run("containerd config dump")
     assert dump.rc == 0, dump.stderr
@@ -523,7 +526,7 @@ def test_containerd(th, name, gpu):
         assert f"v{version} " in h.check_output("containerd --version") + " "
         plugins = h.check_output("ctr plugins ls")
         assert re.search(r"io\.containerd\.cri\.v1\s+runtime\s+.*\bok\b", plugins), plugins
-    assert sandbox == "registry.k8s.io/pause:3.10"
+    assert sandbox == SANDBOX
     runtimes = runtime["containerd"]["runtimes"]
     assert runtimes["runc"]["options"]["SystemdCgroup"] is True
     if gpu:
@@ -542,7 +545,7 @@ def test_containerd(th, name, gpu):
         assert "nvidia" not in runtimes
     # Docker's containerd.io at the host's version, held (Debian 12's own
     # 1.6.20 is below containerd's minimum for Kubernetes 1.31).
-    assert h.package("containerd.io").version == f"{version}-1"
+    assert h.package("containerd.io").version == PACKAGE[name]
     assert "containerd.io" in h.check_output("apt-mark showhold").split()
     # RDMA pins memory: containers inherit containerd's unlimited memlock.
     assert h.check_output("systemctl show containerd -p LimitMEMLOCK") == "LimitMEMLOCK=infinity"

@@ -4,9 +4,10 @@
   (HTTPS, :443) as `scripts/fetch-secrets.sh.j2` talks to them. Each host's
   identity token names its address; the store serves a secret only to the
   host granted it (each etcd member its own), as Secret Manager IAM would.
-- `fake_release_files`: the etcd release tarball and SHA256SUMS that
-  `scripts/install-etcd.sh.j2` downloads, built from Debian's etcd-server and
-  etcd-client packages, served over HTTPS at the release URL's path.
+- `release_files`: the etcd release tarball and SHA256SUMS that
+  `scripts/install-etcd.sh.j2` downloads, holding the real etcd and etcdctl at
+  corral's version (built from their Go module by scripts/build-runtime), served
+  over HTTPS at the release URL's path (the download site is the fake).
 - `LabCa`: a throwaway CA for the HTTPS server (the hosts trust it) and the
   etcd PKI (CA, member server/peer certificates as corral/infra/pki.py issues
   them, a client certificate for the checks).
@@ -46,7 +47,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from tests.hostlab.lab import _flock
+from tests import gobuild
 
 FAKE_PROJECT = "fake-bootstrap-lab"
 RELEASE_HOST = "github.com"
@@ -105,36 +106,23 @@ class LabCa:
         return Issued(cert.public_bytes(serialization.Encoding.PEM).decode(), _pem_key(key))
 
 
-# --- the etcd release, from Debian's packages ------------------------------------------
+# --- the etcd release, the real programs at corral's version ------------------------------------
 
 
-def fake_release_files(cache: Path, version: str) -> dict[str, bytes]:
-    """`etcd-v<version>-linux-amd64.tar.gz` and `SHA256SUMS`, as the etcd project
-    publishes them, holding Debian's etcd and etcdctl binaries (`apt-get download`,
-    cached under `cache`)."""
-    debs = cache / "debs"
-    debs.mkdir(parents=True, exist_ok=True)
-    # Workers racing on an empty cache: one downloads under the lock, into a scratch
-    # folder renamed into place, so no reader sees half a .deb.
-    with _flock(debs / ".lock"):
-        for package in ("etcd-server", "etcd-client"):
-            if not list(debs.glob(f"{package}_*.deb")):
-                with tempfile.TemporaryDirectory(dir=debs) as scratch:
-                    result = subprocess.run(["apt-get", "download", package], cwd=scratch, capture_output=True,
-                                            text=True, timeout=300)
-                    if result.returncode != 0:
-                        raise RuntimeError(f"apt-get download {package} failed (run apt-get update?): "
-                                           f"{result.stderr.strip()}")
-                    for deb in Path(scratch).glob("*.deb"):
-                        deb.rename(debs / deb.name)
+def release_files(version: str) -> dict[str, bytes]:
+    """`etcd-v<version>-linux-amd64.tar.gz` and `SHA256SUMS`, as the etcd project publishes
+    them, holding the real etcd and etcdctl at `version`: built from their Go module by
+    scripts/build-runtime (corral's etcd pin, versions.ETCD_MEMBER). Raises GoBuildUnavailable
+    on a machine without Go."""
+    bins = gobuild.runtime_bin_dir()
+    said = subprocess.run([str(bins / "etcd"), "--version"], capture_output=True, text=True, timeout=30).stdout
+    if f"etcd Version: {version}\n" not in said:
+        raise RuntimeError(f"scripts/build-runtime's etcd is not {version}: {said.strip()}")
     top = f"etcd-v{version}-linux-amd64"
     raw = io.BytesIO()
-    with tempfile.TemporaryDirectory() as unpacked:
-        for deb in sorted(debs.glob("*.deb")):
-            subprocess.run(["dpkg-deb", "-x", str(deb), unpacked], check=True, timeout=120)
-        with tarfile.open(fileobj=raw, mode="w:gz") as tar:
-            for binary in ("etcd", "etcdctl"):
-                tar.add(Path(unpacked, "usr/bin", binary), arcname=f"{top}/{binary}")
+    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        for binary in ("etcd", "etcdctl"):
+            tar.add(bins / binary, arcname=f"{top}/{binary}")
     tarball = raw.getvalue()
     name = f"{top}.tar.gz"
     sums = f"{hashlib.sha256(tarball).hexdigest()}  {name}\n".encode()

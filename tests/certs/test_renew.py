@@ -36,7 +36,7 @@ from tests.upgrade.test_controlplane import (  # noqa: F401  (etcd: the fixture)
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-VERSION = "1.30.8"  # heron's declared version
+VERSION = "1.35.9"  # heron's declared version
 DAYS_LEFT = {MACHINES[0]: 9, MACHINES[1]: 300, MACHINES[2]: 5}
 
 pytestmark = pytest.mark.skipif(shutil.which("etcd") is None or shutil.which("openssl") is None,
@@ -182,10 +182,10 @@ def test_an_interrupted_renewal_is_finished_on_the_next_run(world, etcd):
 
 def test_a_pending_upgrade_or_an_unreadable_certificate_refuses(world, etcd):
     url, _ = etcd
-    world.set_kube(lambda s: s.update(serverVersion="v1.30.7"))
+    world.set_kube(lambda s: s.update(serverVersion="v1.35.8"))
     pending = world.renew(url)
     assert pending.returncode == 1
-    assert "the API servers run 1.30.7, the cluster file declares 1.30.8" in flat(pending)
+    assert "the API servers run 1.35.8, the cluster file declares 1.35.9" in flat(pending)
     world.set_kube(lambda s: s.update(serverVersion=f"v{VERSION}"))
     closed = free_port()
     unreadable = world.corral("upgrade", "heron", "--renew-certs", "--etcd-endpoint", url,

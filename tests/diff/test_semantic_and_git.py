@@ -37,13 +37,13 @@ def test_pool_resize_and_etcd_iops(repo):
 
 def test_pools_hosts_teams_versions(repo):
     edit(repo, "jaguar", '"gpu-[065:072].sf1.internal"', '"gpu-[065:080].sf1.internal"')
-    edit(repo, "jaguar", 'version: "1.31.4"', 'version: "1.31.5"')
+    edit(repo, "jaguar", 'version: "1.36.4"', 'version: "1.36.5"')
     edit(repo, "jaguar", "machineType: Standard_E16s_v5", "machineType: Standard_E32s_v5")
     edit(repo, "ibis", "  - name: gpu-l4\n", "  - name: gpu-l4x\n")
     report = compute(repo, plan=False)
     jaguar = texts(report, "jaguar")
     assert any(t.startswith("pool gpu-h100-robotics hosts: 8 → 16 (+8 / -0") for t in jaguar)
-    assert "kubernetes.version: 1.31.4 → 1.31.5" in jaguar
+    assert "kubernetes.version: 1.36.4 → 1.36.5" in jaguar
     assert "controlPlane.etcd.machineType: Standard_E16s_v5 → Standard_E32s_v5" in jaguar
     [jaguar_diff] = [c for c in report.clusters if c.name == "jaguar"]
     assert jaguar_diff.onprem_pools == ["gpu-h100-sf1", "gpu-h100-robotics"]  # a version change re-joins every pool

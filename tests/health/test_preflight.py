@@ -25,7 +25,7 @@ def smi_rows(rows: list[list[object]]) -> tuple[int, str, str]:
     return 0, "".join(", ".join(str(v) for v in row) + "\n" for row in rows), ""
 
 
-def healthy_identity(count=8, model=H100, driver="550.127.05"):
+def healthy_identity(count=8, model=H100, driver="580.173.02"):
     return smi_rows([[i, model, driver] for i in range(count)])
 
 
@@ -188,7 +188,7 @@ def _run(tmp_path, expected, gpus, unit_state="active"):
 
 
 def _gpu(i, **fields):
-    base = {"index": i, "name": H100, "driver_version": "550.127.05", "ecc.mode.current": "Enabled",
+    base = {"index": i, "name": H100, "driver_version": "580.173.02", "ecc.mode.current": "Enabled",
             "ecc.errors.uncorrected.volatile.total": 0, "remapped_rows.pending": "No",
             "remapped_rows.failure": "No"}
     base.update(fields)

@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from corral.model.containerd import package_version
+from corral.model.versions import DEFAULT_CONTAINERD, NEW_CLUSTER_VERSION
 from tests import gobuild
 
 from .lab import Host, Lab, LabConfig, LabError, _flock, _run
@@ -226,8 +228,14 @@ def k8s_packages(k8s_version: str, cri_tools_version: str | None = None,
 # The containerd.io versions the test repository carries: the last 1.7 that corral pinned
 # before containerd 2 (its config layout is version 2) and the catalog's default for every
 # supported Kubernetes minor (corral/model/versions.py DEFAULT_CONTAINERD).
-CONTAINERD_LEGACY = "1.7.27-1"
-CONTAINERD_CURRENT = "2.3.6-1"
+# The Kubernetes releases the test repository carries by default: the last 1.31 the hostlab
+# tests were written for, and what a new cluster runs (`corral cluster new`, the roles' default).
+K8S_VERSIONS = ("1.31.4", NEW_CLUSTER_VERSION)
+# NVIDIA drivers: the R550 release the hostlab tests were written for, and the R580 one the
+# example clusters and the on-prem guide run (R550 is past its end of life: corral validate).
+DRIVER_VERSIONS = ("550.127.05", "580.173.02")
+CONTAINERD_LEGACY = package_version("1.7.27")                   # 1.7.27-1
+CONTAINERD_CURRENT = package_version(DEFAULT_CONTAINERD)        # 2.3.6-1~debian.12~bookworm
 
 
 def containerd_packages(runtime_bin: Path | None = None) -> list[FakePackage]:
@@ -235,7 +243,7 @@ def containerd_packages(runtime_bin: Path | None = None) -> list[FakePackage]:
 
     1.7.27-1 carries the name and version and brings Debian's containerd (1.6.20, config
     version 2) as a dependency, so the role's repository, pin, hold and configuration run
-    for real. 2.3.6-1 carries the real containerd, containerd-shim-runc-v2 and ctr v2.3.6
+    for real. 2.3.6 (named as Docker's build names it) carries the real containerd, containerd-shim-runc-v2 and ctr v2.3.6
     built from their Go module (scripts/build-runtime; `runtime_bin` is its bin folder) and
     containerd's own systemd unit, and replaces Debian's containerd as the real package
     does; it is left out on a machine that cannot build it (no Go). Neither carries runc
@@ -323,9 +331,9 @@ def kernel_packages(abi: str, version: str, flavour: str = "amd64", *, meta: boo
     return packages
 
 
-def default_repos(driver_versions: Sequence[str] = ("550.127.05",),
+def default_repos(driver_versions: Sequence[str] = DRIVER_VERSIONS,
                   toolkit_versions: Sequence[str] = ("1.17.8",),
-                  k8s_versions: Sequence[str] = ("1.31.4",),
+                  k8s_versions: Sequence[str] = K8S_VERSIONS,
                   gpu_model: str = "NVIDIA H100 80GB HBM3", gpu_count: int = 8) -> list[RepoSpec]:
     """The three upstream repositories, one k8s repo per minor version."""
     repos = [
@@ -450,9 +458,9 @@ class AptRepo:
     """
 
     def __init__(self, lab: Lab | None = None, *,
-                 driver_versions: Sequence[str] = ("550.127.05",),
+                 driver_versions: Sequence[str] = DRIVER_VERSIONS,
                  toolkit_versions: Sequence[str] = ("1.17.8",),
-                 k8s_versions: Sequence[str] = ("1.31.4",),
+                 k8s_versions: Sequence[str] = K8S_VERSIONS,
                  gpu_model: str = "NVIDIA H100 80GB HBM3", gpu_count: int = 8,
                  repos: Sequence[RepoSpec] | None = None,
                  cache_dir: str | os.PathLike | None = None, port: int = 0):

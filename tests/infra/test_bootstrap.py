@@ -96,9 +96,9 @@ def docs(text: str) -> dict[str, dict]:
     return {d["kind"]: d for d in yaml.safe_load_all(text) if d}
 
 
-def extra_args(section: dict) -> dict[str, str]:
-    """kubeadm extraArgs as a map, from v1beta4's list or v1beta3's map."""
-    args = section["extraArgs"]
+def extra_args(section: dict, key: str = "extraArgs") -> dict[str, str]:
+    """kubeadm extraArgs (or kubeletExtraArgs) as a map, from v1beta4's list or v1beta3's map."""
+    args = section[key]
     return {a["name"]: a["value"] for a in args} if isinstance(args, list) else dict(args)
 
 
@@ -187,7 +187,7 @@ def api_server(cluster, index: int = 0, with_secret: bool = True):
 
 
 def test_first_api_server_inits_with_external_etcd_and_large_cluster_flags():
-    jaguar = example("jaguar")  # Kubernetes 1.31: kubeadm v1beta4
+    jaguar = example("jaguar")  # Kubernetes 1.36: kubeadm v1beta4
     lay, files, commands = api_server(jaguar, 0)
     kubeadm = docs(files["/etc/kubernetes/kubeadm/init.yaml"]["content"])
     assert files["/etc/kubernetes/kubeadm/init.yaml"]["permissions"] == "0600"
@@ -200,7 +200,7 @@ def test_first_api_server_inits_with_external_etcd_and_large_cluster_flags():
     assert init["localAPIEndpoint"]["advertiseAddress"] == lay.api_servers[0].ip
     cluster_config = kubeadm["ClusterConfiguration"]
     assert cluster_config["controlPlaneEndpoint"] == lay.api_endpoint
-    assert cluster_config["kubernetesVersion"] == "v1.31.4"
+    assert cluster_config["kubernetesVersion"] == "v1.36.4"
     assert cluster_config["networking"] == {"podSubnet": "10.128.0.0/14", "serviceSubnet": "10.96.0.0/16"}
     external = cluster_config["etcd"]["external"]
     assert external["endpoints"] == [f"https://{m.ip}:2379" for m in lay.etcd_members]
@@ -247,8 +247,16 @@ def test_events_override_points_at_the_events_members(cluster_variant):
     assert override == "/events#" + ";".join(f"https://{m.ip}:2379" for m in lay.events_members)
 
 
-def test_other_api_servers_join_the_control_plane():
-    heron = example("heron")  # Kubernetes 1.30: kubeadm v1beta3
+# The older rows' kubeadm config API: heron moved back to 1.30 (kubeadm v1beta3), for the clusters
+# still on it until they upgrade (loading does not judge end of life; `corral validate` does).
+ON_1_30 = {'version: "1.35.9"': 'version: "1.30.8"'}
+# Coscheduling: jaguar on 1.31, the last minors scheduler-plugins released for (refused from 1.35).
+COSCHEDULING_ON_1_31 = {'version: "1.36.4"': 'version: "1.31.4"',
+                        "  binPacking: true\n": "  binPacking: true\n  coscheduling: true\n"}
+
+
+def test_other_api_servers_join_the_control_plane(cluster_variant):
+    heron = cluster_variant("heron", ON_1_30)  # Kubernetes 1.30: kubeadm v1beta3
     lay, files, _ = api_server(heron, 2, with_secret=False)
     assert "/etc/kubernetes/kubeadm/init.yaml" not in files
     join = docs(files["/etc/kubernetes/kubeadm/join.yaml"]["content"])
@@ -267,8 +275,8 @@ def test_other_api_servers_join_the_control_plane():
     assert peers == [lay.api_servers[0].ip, lay.api_servers[1].ip]
 
 
-def test_v1beta3_extra_args_are_a_map():
-    _, files, _ = api_server(example("heron"), 0)
+def test_v1beta3_extra_args_are_a_map(cluster_variant):
+    _, files, _ = api_server(cluster_variant("heron", ON_1_30), 0)
     cluster_config = docs(files["/etc/kubernetes/kubeadm/init.yaml"]["content"])["ClusterConfiguration"]
     assert isinstance(cluster_config["apiServer"]["extraArgs"], dict)
 
@@ -305,8 +313,8 @@ def test_no_bin_packing_leaves_the_default_scoring(cluster_variant):
     assert plugin_args(only, "NodeResourcesFit") is None and "plugins" not in only
 
 
-def test_coscheduling_profile_and_scheduler_image():
-    jaguar = example("jaguar")  # binPacking and coscheduling
+def test_coscheduling_profile_and_scheduler_image(cluster_variant):
+    jaguar = cluster_variant("jaguar", COSCHEDULING_ON_1_31)  # binPacking and coscheduling
     only = profile(render_scheduler_config(jaguar))
     for point in ("queueSort", "preFilter", "postFilter", "permit", "reserve"):
         assert {"name": "Coscheduling"} in only["plugins"][point]["enabled"]
@@ -321,7 +329,7 @@ def test_coscheduling_profile_and_scheduler_image():
 
 
 def test_coscheduling_on_an_unknown_minor_is_a_clear_error(cluster_variant):
-    jaguar = cluster_variant("jaguar", {'version: "1.31.4"': 'version: "1.32.3"'})
+    jaguar = cluster_variant("jaguar", {**COSCHEDULING_ON_1_31, 'version: "1.36.4"': 'version: "1.32.3"'})
     with pytest.raises(ValueError, match="scheduler-plugins release for Kubernetes 1.32"):
         render_scheduler_config(jaguar)
 
@@ -352,7 +360,7 @@ def test_pool_nodes_join_with_the_shared_template_and_their_labels_and_taints():
     }
     registration = join["nodeRegistration"]
     assert registration["name"] == NODE_NAME_PLACEHOLDER
-    labels = dict(item.split("=", 1) for item in registration["kubeletExtraArgs"]["node-labels"].split(","))
+    labels = dict(item.split("=", 1) for item in extra_args(registration, "kubeletExtraArgs")["node-labels"].split(","))
     # + the GPU pool's template fingerprint (corral upgrade replaces nodes of an older one)
     from corral.machine.rollout import TEMPLATE_LABEL, pool_template_fingerprint
 
@@ -426,7 +434,7 @@ def test_nodes_get_the_clusters_arp_thresholds_and_pinned_kubernetes():
     for i, value in ((1, arp.gc_thresh1), (2, arp.gc_thresh2), (3, arp.gc_thresh3)):
         assert f"net.ipv4.neigh.default.gc_thresh{i} = {value}\n" in sysctl
     prep = files["/usr/local/sbin/corral-node-prep"]["content"]
-    assert "kubeadm=1.31.4-1.1" in prep and "core:/stable:/v1.31/deb/" in prep
+    assert "kubeadm=1.36.4-1.1" in prep and "core:/stable:/v1.36/deb/" in prep
     assert "apt-mark hold containerd.io kubelet kubeadm kubectl" in prep
 
 

@@ -136,8 +136,11 @@ def test_cloud_errors_become_plan_errors(cluster_variant, monkeypatch):
     from corral.machine import scheduler
 
     monkeypatch.setattr(scheduler, "SCHEDULER_PLUGINS_IMAGES", {})
+    # Coscheduling on 1.31 (the last minors scheduler-plugins released for), its image taken away.
+    cluster = cluster_variant("jaguar", {'version: "1.36.4"': 'version: "1.31.4"',
+                                         "  binPacking: true\n": "  binPacking: true\n  coscheduling: true\n"})
     with pytest.raises(PlanError, match="cluster jaguar: .*scheduler-plugins release for Kubernetes 1.31"):
-        plan_cluster(example("jaguar"))
+        plan_cluster(cluster)
 
 
 def test_program_entry_point_keeps_its_folder_off_sys_path():

@@ -51,6 +51,8 @@ MACHINE_VALUES = (
     "InitConfiguration.nodeRegistration.name (the lab has no kubelet)",
     "ClusterConfiguration.controlPlaneEndpoint (127.0.0.1:port, not the load balancer)",
     "ClusterConfiguration.etcd.external (the lab's one etcd member and its certificates)",
+    "etcd: corral's member configuration with the lab's data directory, loopback URLs on free ports, one "
+    "member (initial-cluster) whose peer URL is plain HTTP (no peers to authenticate), the lab's certificates",
     "ClusterConfiguration.certificatesDir and every /etc/kubernetes and /var/log/kubernetes path (under the lab)",
     "kube-controller-manager's and kube-scheduler's --secure-port (free ports: labs run side by side)",
 )
@@ -174,6 +176,8 @@ class KubeLab:
     root: Path
     cluster_file: Path
     bins: Path | None = None
+    # corral's machine programs (scripts/build-runtime): the etcd its members run.
+    runtime_bins: Path | None = None
     ports: dict[str, int] = field(default_factory=dict)
     pids: dict[str, int] = field(default_factory=dict)
 
@@ -193,6 +197,11 @@ class KubeLab:
         return f"https://127.0.0.1:{self.ports['apiserver']}"
 
     def binary(self, name: str) -> str:
+        """A real program: etcd and etcdctl at corral's member version, the rest from the
+        Kubernetes build."""
+        if name in ("etcd", "etcdctl"):
+            assert self.runtime_bins is not None
+            return str(self.runtime_bins / name)
         assert self.bins is not None
         return str(self.bins / name)
 
@@ -302,8 +311,10 @@ class KubeLab:
         (self.root / "logs").mkdir()
         if self.bins is None:
             self.bins = bin_dir()
+        if self.runtime_bins is None:
+            self.runtime_bins = gobuild.runtime_bin_dir()
         self.ports = {name: free_port() for name in
-                      ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler")}
+                      ("etcd", "etcd-peer", "etcd-metrics", "apiserver", "controller-manager", "scheduler")}
         self._save()
         init = self._render()
         write_etcd_pki(self.host_path("/etc/kubernetes/pki"))
@@ -326,20 +337,45 @@ class KubeLab:
             raise
         return self
 
+    def _etcd_config(self) -> Path:
+        """corral's configuration of the cluster's first etcd member (what cloud-init writes to
+        /etc/etcd/etcd.conf.yaml), with the machine values swapped (ETCD_MACHINE_VALUES); every
+        other key (quota, feature gates, client certificate auth) is corral's."""
+        from corral.machine.etcd_member import render_etcd_config
+        from corral.model import load_cluster
+        from corral.model.layout import layout
+
+        cluster = load_cluster(self.cluster_file)
+        lay = layout(cluster)
+        member = lay.etcd_members[0]
+        config = yaml.safe_load(render_etcd_config(cluster, member, (member,)))
+        pki = self.host_path("/etc/kubernetes/pki") / "etcd"
+        client, peer, metrics = (f"127.0.0.1:{self.ports[name]}" for name in ("etcd", "etcd-peer", "etcd-metrics"))
+        config.update({
+            "data-dir": str(self.root / "etcd"),
+            "listen-client-urls": f"https://{client}", "advertise-client-urls": f"https://{client}",
+            "listen-peer-urls": f"http://{peer}", "initial-advertise-peer-urls": f"http://{peer}",
+            "initial-cluster": f"{config['name']}=http://{peer}",
+            "listen-metrics-urls": f"http://{metrics}",
+            "log-level": "warn",
+        })
+        config["client-transport-security"].update(
+            {"cert-file": str(pki / "server.crt"), "key-file": str(pki / "server.key"),
+             "trusted-ca-file": str(pki / "ca.crt")})
+        config.pop("peer-transport-security")
+        path = self.root / "etcd.conf.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        return path
+
     def _start_etcd(self) -> None:
-        pki = self.host_path("/etc/kubernetes/pki")
-        data = self.root / "etcd"
-        self._start("etcd", [
-            self.binary("etcd"), "--name=lab", f"--data-dir={data}",
-            f"--listen-client-urls=https://127.0.0.1:{self.ports['etcd']}",
-            f"--advertise-client-urls=https://127.0.0.1:{self.ports['etcd']}",
-            f"--listen-peer-urls=http://127.0.0.1:{self.ports['etcd-peer']}",
-            f"--initial-advertise-peer-urls=http://127.0.0.1:{self.ports['etcd-peer']}",
-            f"--initial-cluster=lab=http://127.0.0.1:{self.ports['etcd-peer']}",
-            f"--cert-file={pki}/etcd/server.crt", f"--key-file={pki}/etcd/server.key",
-            f"--trusted-ca-file={pki}/etcd/ca.crt", "--client-cert-auth",
-            "--listen-metrics-urls=", "--log-level=warn",
-        ])
+        self._start("etcd", [self.binary("etcd"), f"--config-file={self._etcd_config()}"])
+
+    def etcd_metrics(self) -> str:
+        """The member's Prometheus metrics (plain HTTP on loopback, as corral configures them)."""
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.ports['etcd-metrics']}/metrics", timeout=10) as reply:
+            return reply.read().decode()
 
     def etcdctl(self, *args: str) -> subprocess.CompletedProcess:
         """etcdctl against the lab's member, as the API server's etcd client."""
@@ -374,7 +410,8 @@ class KubeLab:
     def _save(self) -> None:
         (self.root / STATE_FILE).write_text(json.dumps(
             {"cluster_file": str(self.cluster_file), "ports": self.ports, "pids": self.pids,
-             "kubeconfig": str(self.kubeconfig), "bins": str(self.bins)}, indent=1))
+             "kubeconfig": str(self.kubeconfig), "bins": str(self.bins), "runtime_bins": str(self.runtime_bins)},
+            indent=1))
 
     def log_tail(self, name: str, lines: int = 40) -> str:
         path = self.root / "logs" / f"{name}.log"
@@ -417,7 +454,9 @@ class KubeLab:
     @classmethod
     def load(cls, root: Path) -> "KubeLab":
         state = json.loads((root / STATE_FILE).read_text())
-        return cls(root, Path(state["cluster_file"]), Path(state["bins"]), state["ports"], state["pids"])
+        runtime = state.get("runtime_bins")
+        return cls(root, Path(state["cluster_file"]), Path(state["bins"]),
+                   Path(runtime) if runtime and runtime != "None" else None, state["ports"], state["pids"])
 
     def create_namespace(self, name: str, labels: dict | None = None) -> str:
         """A namespace, once the controller-manager gave it its default service account

@@ -9,6 +9,7 @@ policy records who did what.
 from __future__ import annotations
 
 import json
+import subprocess
 import uuid
 
 import pytest
@@ -100,3 +101,21 @@ def test_a_flag_the_release_does_not_know_stops_the_lab(kube_lab, tmp_path):
     with pytest.raises(KubeLabError, match="unknown flag: --insecure-port"):
         broken.up()
     assert not broken.pids
+
+
+def test_etcd_runs_corrals_member_configuration_at_corrals_version(kube_lab):
+    """The lab's etcd is the version corral's members run (versions.ETCD_MEMBER, built from its
+    Go module), started from corral's member configuration: both corruption checks are on (the
+    feature gates etcd 3.6 reads; an unknown key in the file would be ignored silently, so the
+    member's own metrics say), and kubeadm's preflight floor for external etcd holds."""
+    from corral.model import versions
+
+    out = subprocess.run([kube_lab.binary("etcd"), "--version"], capture_output=True, text=True, timeout=30).stdout
+    assert f"etcd Version: {versions.ETCD_MEMBER.value}" in out
+    metrics = kube_lab.etcd_metrics()
+    for gate in ("InitialCorruptCheck", "CompactHashCheck"):
+        line = next((m for m in metrics.splitlines()
+                     if m.startswith("etcd_server_feature_enabled{") and f'name="{gate}"' in m), None)
+        assert line is not None and line.endswith(" 1"), f"{gate}: {line}"
+    for minor in versions.SUPPORTED_MINORS:
+        assert versions.key(versions.ETCD_MEMBER.value) >= versions.key(versions.MINORS[minor].min_external_etcd.value)

@@ -481,7 +481,7 @@ def test_cli_prints_the_golden_stream():
 def test_cli_validate_reports_the_schema_version():
     result = CliRunner().invoke(cli(), ["manifests", "heron", "--clusters", str(EXAMPLES), "--validate"])
     assert result.exit_code == 0, result.output
-    assert "valid against the Kubernetes 1.30 API schemas" in result.stderr
+    assert "valid against the Kubernetes 1.35 API schemas" in result.stderr
 
 
 def test_cli_writes_one_file_per_addon_and_removes_stale_ones(tmp_path):

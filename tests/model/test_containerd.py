@@ -22,11 +22,14 @@ from corral.model.containerd import (
 
 from .helpers import EXAMPLES, line_of, variant
 
-JAGUAR_K8S = 'version: "1.31.4",'
+JAGUAR_K8S = 'version: "1.36.4",'
+# The rules of an older row, on jaguar moved back to 1.31 (loading does not judge end of life;
+# `corral validate` does, corral/model/support.py).
+OLD_K8S = 'version: "1.31.4",'
 
 
-def pin(version: str) -> str:
-    return f'{JAGUAR_K8S} containerd: "{version}",'
+def pin(version: str, kubernetes: str = OLD_K8S) -> str:
+    return f'{kubernetes} containerd: "{version}",'
 
 
 def test_debian_12_containerd_is_refused_for_kubernetes_1_31(tmp_path):
@@ -82,9 +85,10 @@ def test_shape(tmp_path):
 
 def test_default_and_its_package(tmp_path):
     for name, cluster in load_fleet([EXAMPLES]).clusters.items():
-        # The examples run 1.30 and 1.31, whose default is 1.7.27; new clusters (1.35+) get 2.3.6.
-        assert cluster.kubernetes.containerd == default_containerd(cluster.kubernetes.version) == "1.7.27", name
-        assert cluster.kubernetes.containerd_package_version == "1.7.27-1"
+        # The examples run 1.35 and 1.36, whose default is 2.3.6 (1.7.27 was the old rows').
+        assert cluster.kubernetes.containerd == default_containerd(cluster.kubernetes.version) == "2.3.6", name
+        assert cluster.kubernetes.containerd_package_version == "2.3.6-1~debian.12~bookworm"
+    assert default_containerd("1.31.4") == "1.7.27"
     assert DEFAULT_CONTAINERD == default_containerd("1.37.2") == "2.3.6"
     assert package_version("1.6.28") == "1.6.28-2"
     (tmp_path / "jaguar.yaml").write_text((EXAMPLES / "jaguar.yaml").read_text().replace(JAGUAR_K8S, pin("1.7.24")))

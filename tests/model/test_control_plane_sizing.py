@@ -33,13 +33,14 @@ KUBE_APISERVER_131_FLAGS = {
 }
 # kube-controller-manager (kube-controller-manager.md): --kube-api-qps Default 20, --kube-api-burst Default 30.
 KUBE_CONTROLLER_MANAGER_FLAGS = {"kube-api-qps", "kube-api-burst"}
-# etcd 3.5's configuration file keys (etcd server/embed/config.go, the `json:"..."` tags of
-# Config; security sections in configYAML), as corral writes them.
-ETCD_35_CONFIG_KEYS = {
+# etcd 3.6's configuration file keys (etcd server/embed/config.go at v3.6.17, the `json:"..."`
+# tags of Config; security sections in configYAML), as corral writes them. The kube tier runs
+# corral's file on the real etcd and reads the gates back from its metrics.
+ETCD_36_CONFIG_KEYS = {
     "name", "data-dir", "listen-peer-urls", "listen-client-urls", "advertise-client-urls",
     "initial-advertise-peer-urls", "initial-cluster", "initial-cluster-state", "initial-cluster-token",
     "quota-backend-bytes", "listen-metrics-urls", "client-transport-security", "peer-transport-security",
-    "experimental-initial-corrupt-check", "experimental-compact-hash-check-enabled",
+    "feature-gates",
 }
 
 
@@ -127,11 +128,10 @@ def test_every_flag_exists_in_the_pinned_releases(name):
     cluster = FLEET.clusters[name]
     lay = layout(cluster)
     assert set(api_server_args(cluster, lay)) | {"kubelet-certificate-authority"} <= KUBE_APISERVER_131_FLAGS
-    assert ETCD_VERSION.startswith("3.5.") and tuple(map(int, ETCD_VERSION.split("."))) >= (3, 5, 5)
+    assert ETCD_VERSION.startswith("3.6.")
     etcd = YAML(typ="safe", pure=True).load(render_etcd_config(cluster, lay.etcd_members[0], lay.etcd_members))
-    assert set(etcd) <= ETCD_35_CONFIG_KEYS
-    assert etcd["experimental-compact-hash-check-enabled"] is True
-    assert etcd["experimental-initial-corrupt-check"] is True
+    assert set(etcd) <= ETCD_36_CONFIG_KEYS
+    assert set(etcd["feature-gates"].split(",")) == {"InitialCorruptCheck=true", "CompactHashCheck=true"}
 
 
 def test_the_scheduler_configuration_carries_its_client_rate_and_score(tmp_path):
@@ -149,7 +149,7 @@ def test_corral_show_prints_each_setting_with_its_source():
     shown = result.output
     for expected in ("--max-requests-inflight=400", "--max-mutating-requests-inflight=200",
                      "--kube-api-qps=20", "clientConnection.qps=50", "percentageOfNodesToScore=(default)",
-                     "quota-backend-bytes=8589934592", "experimental-compact-hash-check-enabled=true"):
+                     "quota-backend-bytes=8589934592", "feature-gates=InitialCorruptCheck=true,CompactHashCheck=true"):
         line = next((line for line in shown.splitlines() if expected in line), None)
         assert line is not None and line.startswith("# "), f"{expected} not shown:\n{shown}"
         assert "[" in line and line.rstrip().endswith("]"), line  # its source

@@ -82,7 +82,7 @@ def test_an_unknown_model_without_a_likely_one_lists_the_known(tmp_path):
 
 
 def test_on_prem_pools_are_checked_against_the_model_list(tmp_path):
-    old = 'gpu: {model: H100, count: 8, driver: "550.127.05", fabricManager: true}'
+    old = 'gpu: {model: H100, count: 8, driver: "580.173.02", fabricManager: true}'
     found = variant(tmp_path, "jaguar", old, old.replace("H100", "H1OO"))
     assert len(found) == 1
     assert "nodePools[0].gpu.model: unknown GPU model 'H1OO'; did you mean H100?" in found[0]

@@ -55,7 +55,7 @@ def test_wrong_type_names_field_and_line(tmp_path):
 
 
 def test_unquoted_version_hints_at_quotes(tmp_path):
-    found = only(variant(tmp_path, "heron", 'version: "1.30.8"', "version: 1.30"))
+    found = only(variant(tmp_path, "heron", 'version: "1.35.9"', "version: 1.35"))
     assert "kubernetes.version: must be a string: put the value in quotes" in found
 
 

@@ -39,7 +39,7 @@ def test_groups_say_what_a_host_is(jaguar):
 
 def test_pool_vars_carry_gpu_roce_labels_and_team_taints(jaguar):
     pool_vars = build(jaguar)["pool_gpu_h100_robotics"]["vars"]
-    assert pool_vars["corral_nvidia_driver_version"] == "550.127.05"
+    assert pool_vars["corral_nvidia_driver_version"] == "580.173.02"
     assert pool_vars["corral_nvidia_fabricmanager"] is True
     assert pool_vars["corral_roce_interfaces"] == ["ens1f0np0"]
     assert pool_vars["corral_roce_pfc_priority"] == 3 and pool_vars["corral_roce_dscp"] == 26
@@ -56,8 +56,8 @@ def test_cluster_and_site_vars(jaguar):
     assert [inv["all"]["vars"][f"corral_arp_gc_thresh{i}"] for i in (1, 2, 3)] == \
         [arp.gc_thresh1, arp.gc_thresh2, arp.gc_thresh3]
     # containerd and its sandbox image come from the model, as on cloud nodes.
-    assert inv["all"]["vars"]["corral_containerd_version"] == jaguar.kubernetes.containerd == "1.7.27"
-    assert inv["all"]["vars"]["corral_containerd_sandbox_image"] == "registry.k8s.io/pause:3.10"
+    assert inv["all"]["vars"]["corral_containerd_version"] == jaguar.kubernetes.containerd == "2.3.6"
+    assert inv["all"]["vars"]["corral_containerd_sandbox_image"] == "registry.k8s.io/pause:3.10.2"
     assert inv["all"]["vars"]["corral_flannel_direct_routing"] is True
     assert inv["site_sf1"]["vars"]["corral_apt_mirror"] == "http://mirror.sf1.internal"
 

@@ -11,6 +11,7 @@ from pydantic import TypeAdapter, ValidationError
 from ..document import one_line
 from ..regions import region_error, zone_error, zones_of
 from ..schema import CLOUDS, Cluster, Name, PrivateCidr, Region, Zone
+from ..versions import NEW_CLUSTER_VERSION
 from .errors import EditError
 from .style import render_scalar
 
@@ -38,7 +39,8 @@ def default_zones(cloud: str, region: str) -> list[str]:
     if known:
         return list(known[:3])
     return [z.format(region=region) for z in SCAFFOLD_DEFAULTS[cloud]["zones"]]
-DEFAULT_KUBERNETES = "1.31.4"
+# The newest supported minor a cluster with cloud pools can run (the version catalog).
+DEFAULT_KUBERNETES = NEW_CLUSTER_VERSION
 
 
 def _free_network(taken: list[ipaddress.IPv4Network], within: str, prefix: int, stride: int | None = None) -> str:
