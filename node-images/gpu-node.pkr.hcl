@@ -3,18 +3,18 @@
 # one run the same driver, container runtime and kubelet bits.
 #
 # Build one cloud's image:
-#   packer build -only='amazon-ebs.gpu-node' -var kubernetes_version=1.31.4 node-images/
+#   packer build -only='amazon-ebs.gpu-node' -var kubernetes_version=1.36.4 node-images/
 # The image stops short of joining: cloud nodes join at boot from the
 # cloud-init the Pulumi program renders (the shared JoinConfiguration).
 
 variable "kubernetes_version" {
   type        = string
-  description = "Kubernetes version of kubeadm/kubelet baked in, e.g. 1.31.4 (the cluster file's kubernetes.version)."
+  description = "Kubernetes version of kubeadm/kubelet baked in, e.g. 1.36.4 (the cluster file's kubernetes.version)."
 }
 
 variable "nvidia_driver_version" {
   type        = string
-  default     = "550.127.05"
+  default     = "580.173.02"
   description = "NVIDIA driver baked in; match the GPU pools' gpu.driver."
 }
 

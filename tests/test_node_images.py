@@ -17,7 +17,7 @@ IMAGES = ROOT / "node-images"
 @pytest.mark.skipif(shutil.which("packer") is None, reason="packer not installed (apt-get install packer)")
 def test_packer_validates_the_template():
     result = subprocess.run(
-        ["packer", "validate", "-var", "kubernetes_version=1.31.4", "-var", "gcp_project=example-project",
+        ["packer", "validate", "-var", "kubernetes_version=1.36.4", "-var", "gcp_project=example-project",
          "-var", "azure_subscription_id=00000000-0000-0000-0000-000000000000", "."],
         cwd=IMAGES, capture_output=True, text=True,
     )

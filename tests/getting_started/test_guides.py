@@ -367,7 +367,7 @@ CLOUD_GUIDES = [
     CloudGuide("azure.md", "lemur", "azure", "eastus2", [("cpu", 0), ("gpu-a100", 1)], "gpu-a100",
                "azblob://corral-state?storage_account=acmecorralstate",
                lambda cloud, image: image.endswith("/resourceGroups/corral-images/providers/Microsoft.Compute/images/"
-                                                   "corral-gpu-node-k8s-1-31-4-nvidia-550-127-05")
+                                                   "corral-gpu-node-k8s-1-36-4-nvidia-580-173-02")
                and image in cloud["az"]["resources"]),
 ]
 
