@@ -23,6 +23,28 @@ from .common import (
 )
 
 
+def _print_chain(cluster, name: str, start: str | None, target: str | None, etcd_version: str | None) -> None:
+    """`--plan`: the upgrade chain, offline (corral/upgrade/chain.py)."""
+    from datetime import date
+
+    from corral.model.versions import ETCD_MEMBER
+    from corral.upgrade.chain import describe_chain, upgrade_chain
+    from corral.upgrade.versions import UpgradeError
+
+    if start is None and target is None:
+        fail(f"--plan needs --from VERSION (the Kubernetes {name} runs; it goes to the file's "
+             f"{cluster.kubernetes.version}) or --to VERSION (where it goes from the file's)")
+    start = start or cluster.kubernetes.version
+    try:
+        steps = upgrade_chain(cluster, start, target, etcd_version or ETCD_MEMBER.value)
+    except UpgradeError as error:
+        fail(str(error))
+    for line in describe_chain(name, start, steps, date.today()):
+        out.print(line, markup=False)
+    if any(step.blockers for step in steps):
+        raise typer.Exit(1)
+
+
 def _plan_table(plan) -> Table:
     table = Table(title=escape(f"upgrade {plan.cluster} to {plan.target} (API servers at {plan.api_server})"))
     for column in ("#", "phase", "what", "action"):
@@ -38,6 +60,13 @@ def upgrade(
     to: Annotated[Optional[str], typer.Option(
         "--to", help="Target Kubernetes version (default: the cluster file's kubernetes.version).")] = None,
     check: Annotated[bool, typer.Option("--check", help="Print the order of the upgrade; change nothing.")] = False,
+    plan: Annotated[bool, typer.Option(
+        "--plan", help="Print the chain of upgrades from --from to --to (one minor at a time) and what changes at "
+                       "each step, from the cluster file and the version catalog alone; change nothing.")] = False,
+    from_: Annotated[Optional[str], typer.Option(
+        "--from", help="--plan: the Kubernetes version the cluster runs (default: the cluster file's).")] = None,
+    etcd_version: Annotated[Optional[str], typer.Option(
+        "--etcd-version", help="--plan: the etcd version the members run (default: corral's pin).")] = None,
     batch: Annotated[str, typer.Option(help="On-prem nodes upgraded at once: a count (5) or a percentage (10%).")] = "10%",
     max_fail_percentage: Annotated[int, typer.Option(
         help="Stop before the next batch when more than this percentage of a batch failed.", min=0, max=100)] = 0,
@@ -106,6 +135,9 @@ def upgrade(
     from .nodes import _progress_table
 
     cluster = cluster_or_exit(clusters, name)
+    if plan:
+        _print_chain(cluster, name, from_, to, etcd_version)
+        return
     if renew_certs and etcd_members:
         _renew_etcd_certs(cluster, name, check, renew_days, force_renew, cert_endpoints or [], etcd_endpoints,
                           (etcd_cacert, etcd_cert, etcd_key), gate_timeout, ssh, ssh_user)

@@ -190,6 +190,10 @@ _KSM_OLD = (KSM_MATRIX + " as of 2024: v2.13.0 is built with client-go v1.30, v2
 _CA_OLD = ("kubernetes/autoscaler releases: cluster-autoscaler is released per Kubernetes minor and supports only "
            "its own")
 _SP_OLD = "kubernetes-sigs/scheduler-plugins releases: one release line per Kubernetes minor"
+# kubernetes/autoscaler tags (snapshot 2026-08-22); the image tag follows the git tag (version.go).
+_CA_TAG = "kubernetes/autoscaler tag cluster-autoscaler-{tag} ({day}; snapshot 2026-08-22)"
+# kube-state-metrics: the README's "Compatibility matrix" and go.mod at the tag (snapshot 2026-08-20).
+_KSM_ROW = KSM_MATRIX + ": {tag} is the newest release built with client-go {client} (go.mod at the tag)"
 
 MINORS: dict[str, Minor] = {row.minor: row for row in (
     Minor("1.26", date(2024, 2, 28), K8S_EOL_YAML, latest_patch=15, patches_final=True, patches_source=K8S_EOL_YAML,
@@ -234,17 +238,49 @@ MINORS: dict[str, Minor] = {row.minor: row for row in (
           patches_source=K8S_EOL_YAML,
           kubeadm_api=Pin(_V1BETA4, "kubeadm v1beta4 is served from 1.31 (kubernetes.io kubeadm-config.v1beta4)"),
           pause=Pin("3.10", PAUSE_OLD),
+          etcd=Pin("3.5.24-0", KUBEADM_CONSTANTS.format(tag="1.32.13") + " DefaultEtcdVersion (3.5.16-0 at 1.32.0)"),
+          min_external_etcd=Pin("3.5.24-0", KUBEADM_CONSTANTS.format(tag="1.32.13")
+                                + " MinExternalEtcdVersion (3.5.11-0 at 1.32.0)"),
+          coredns=Pin("v1.11.3", KUBEADM_CONSTANTS.format(tag="1.32.13") + " CoreDNSVersion"),
           containerd=ContainerdSupport({"2.1": "2.1.0", "2.0": "2.0.1", "1.7": "1.7.24", "1.6": "1.6.36"},
                                        CONTAINERD_RELEASES_OLD),
-          containerd_default=_CONTAINERD_1_7),
-    Minor("1.33", date(2026, 6, 28), K8S_RELEASES,
+          containerd_default=_CONTAINERD_1_7,
+          cluster_autoscaler=_image(_CA, "v1.32.7", _CA_TAG.format(tag="1.32.7", day="2026-02-13")),
+          kube_state_metrics=_image(_KSM, "v2.16.0", _KSM_ROW.format(tag="v2.16.0", client="v0.32.6"))),
+    Minor("1.33", date(2026, 6, 28), K8S_RELEASES, released=date(2025, 4, 23), latest_patch=13, patches_final=True,
+          patches_source="kubernetes/website PRs 56364 and 57353 (1.33.13 the final patch, 1.33 marked EOL)",
+          kubeadm_api=Pin(_V1BETA4, KUBEADM_API.format(tag="1.33.13", what="v1beta4 preferred, v1beta3 deprecated")),
+          pause=Pin("3.10", KUBEADM_CONSTANTS.format(tag="1.33.13") + " PauseVersion"),
+          etcd=Pin("3.5.24-0", KUBEADM_CONSTANTS.format(tag="1.33.13") + " DefaultEtcdVersion (3.5.21-0 at 1.33.0)"),
+          min_external_etcd=Pin("3.5.24-0", KUBEADM_CONSTANTS.format(tag="1.33.13")
+                                + " MinExternalEtcdVersion (3.5.11-0 at 1.33.0)"),
+          coredns=Pin("v1.12.0", KUBEADM_CONSTANTS.format(tag="1.33.13") + " CoreDNSVersion"),
           containerd=ContainerdSupport({"2.1": "2.1.0", "2.0": "2.0.4", "1.7": "1.7.24", "1.6": "1.6.36"},
                                        CONTAINERD_RELEASES_OLD),
-          containerd_default=_CONTAINERD_1_7),
-    # No default: 1.34 wants 1.7.28+, 2.1.3+ or 2.0.6+, and corral knows no such containerd.io package.
-    Minor("1.34", date(2026, 10, 27), K8S_RELEASES, released=date(2025, 8, 27), latest_patch=8,
-          containerd=ContainerdSupport({"2.1": "2.1.3", "2.0": "2.0.6", "1.7": "1.7.28", "1.6": "1.6.39"},
-                                       CONTAINERD_RELEASES_OLD)),
+          containerd_default=_CONTAINERD_1_7,
+          cluster_autoscaler=_image(_CA, "v1.33.6", _CA_TAG.format(tag="1.33.6", day="2026-07-22")),
+          kube_state_metrics=_image(_KSM, "v2.17.0", _KSM_ROW.format(tag="v2.17.0", client="v0.33.4"))),
+    # 1.34 wants 1.7.28+, 2.1.3+ or 2.0.6+ and Docker built no 1.7 after 1.7.27: corral takes containerd 2.3
+    # (LTS) there as on 1.35, for the same reason, so a cluster on its way from 1.33 moves to containerd 2
+    # with this step (corral upgrade --plan).
+    Minor("1.34", date(2026, 10, 27), K8S_RELEASES, released=date(2025, 8, 27), latest_patch=12,
+          patches_source="k8s.io/kubernetes on the Go module proxy (v1.34.12, 2026-09-23); kubernetes/website PR 57269",
+          kubeadm_api=Pin(_V1BETA4, KUBEADM_API.format(tag="1.34.12", what="v1beta4 preferred, v1beta3 deprecated")),
+          pause=Pin("3.10.1", KUBEADM_CONSTANTS.format(tag="1.34.12") + " PauseVersion"),
+          etcd=Pin("3.6.5-0", KUBEADM_CONSTANTS.format(tag="1.34.12") + " DefaultEtcdVersion (3.6.4-0 at 1.34.0)"),
+          min_external_etcd=Pin("3.5.24-0", KUBEADM_CONSTANTS.format(tag="1.34.12")
+                                + " MinExternalEtcdVersion (3.5.21-0 at 1.34.0)"),
+          coredns=Pin("v1.12.1", KUBEADM_CONSTANTS.format(tag="1.34.12") + " CoreDNSVersion"),
+          containerd=ContainerdSupport(
+              {"2.1": "2.1.3", "2.0": "2.0.6", "1.7": "1.7.28", "1.6": "1.6.39"}, CONTAINERD_RELEASES_OLD,
+              corral_adds={"2.3": "2.3.0"},
+              why=("of the lines containerd lists for 1.34, Docker packages no 1.7 after 1.7.27 and corral knows no "
+                   "2.0 or 2.1 containerd.io; RELEASES.md: \"Any actively supported version of containerd may "
+                   "receive patches to fix bugs encountered in any version of Kubernetes\"; 2.3 (LTS, CRI v1) is "
+                   "what 1.35 to 1.37 run, so the move to containerd 2 happens once, here")),
+          containerd_default=_CONTAINERD_2_3,
+          cluster_autoscaler=_image(_CA, "v1.34.5", _CA_TAG.format(tag="1.34.5", day="2026-07-22")),
+          kube_state_metrics=_image(_KSM, "v2.18.0", _KSM_ROW.format(tag="v2.18.0", client="v0.34.3"))),
     Minor(
         "1.35", date(2027, 2, 28), K8S_RELEASES, released=date(2025, 12, 17), latest_patch=9,
         kubeadm_api=Pin(_V1BETA4, KUBEADM_API.format(tag="1.35.4", what="v1beta4 preferred, v1beta3 deprecated")),

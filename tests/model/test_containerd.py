@@ -52,12 +52,13 @@ def test_below_the_minimum(kubernetes, containerd, message):
     assert message in containerd_error(kubernetes, containerd)
 
 
-def test_the_default_is_too_old_for_kubernetes_1_34_and_nothing_packaged_fits():
-    # 1.34 wants 1.7.28+; corral knows no containerd.io package that new yet.
+def test_the_old_default_is_too_old_for_kubernetes_1_34_which_moves_to_containerd_2():
+    # 1.34 wants 1.7.28+, which Docker never built: corral takes 2.3 there (versions.py says why).
     assert containerd_error("1.34.1", default_containerd("1.33.1")) == (
         "containerd 1.7.27 is below 1.7.28, the minimum of the 1.7 line for Kubernetes 1.34 "
-        "(containerd supports 2.1.3+, 2.0.6+, 1.7.28+, 1.6.39+)"
+        '(containerd supports 2.1.3+, 2.0.6+, 1.7.28+, 1.6.39+; corral also takes 2.3.0+); use "2.3.6"'
     )
+    assert default_containerd("1.34.12") == "2.3.6" and containerd_error("1.34.12", "2.3.6") is None
 
 
 def test_a_kubernetes_minor_without_a_row():
@@ -104,11 +105,12 @@ def test_tables_are_consistent():
             assert floor.startswith(line + ".")
     for version, package in CONTAINERD_PACKAGES.items():
         assert package.startswith(version + "-")
-    # 1.7.27, the old rows' default, is supported to Kubernetes 1.33 (1.7.24+); 2.3.6 from 1.35
-    # (containerd lists 2.3 from 1.36; corral takes it on 1.35 too, versions.py says why).
+    # 1.7.27, the old rows' default, is supported to Kubernetes 1.33 (1.7.24+); 2.3.6 from 1.34
+    # (containerd lists 2.3 from 1.36; corral takes it on 1.34 and 1.35 too, versions.py says why).
     assert [m for m in minors if containerd_error(m + ".0", "1.7.27") is None] == [
         "1.26", "1.27", "1.28", "1.29", "1.30", "1.31", "1.32", "1.33"]
-    assert [m for m in minors if containerd_error(m + ".0", DEFAULT_CONTAINERD) is None] == ["1.35", "1.36", "1.37"]
+    assert [m for m in minors if containerd_error(m + ".0", DEFAULT_CONTAINERD) is None] == [
+        "1.34", "1.35", "1.36", "1.37"]
 
 
 def test_pause_image_follows_kubeadm_of_the_minor():
