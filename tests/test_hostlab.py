@@ -29,7 +29,7 @@ if str(_ROOT) not in sys.path:  # `pytest tests/test_hostlab.py` without pythonp
     sys.path.insert(0, str(_ROOT))
 
 from corral.model.containerd import package_version  # noqa: E402
-from corral.model.versions import DEFAULT_CONTAINERD  # noqa: E402
+from corral.model.versions import DEFAULT_CONTAINERD, NVIDIA_CONTAINER_TOOLKIT  # noqa: E402
 from tests import gobuild  # noqa: E402
 from tests.hostlab import Lab, LabConfig, available  # noqa: E402
 from tests.hostlab import lab as lab_module  # noqa: E402
@@ -191,9 +191,13 @@ def test_repo_recipes_mirror_upstream_names_and_versions():
     for name in ("cuda-drivers", "cuda-drivers-550", "nvidia-driver", "nvidia-fabricmanager-550",
                  "nvidia-persistenced", "nvidia-smi"):
         assert (name, "550.127.05-1") in cuda and (name, "550.90.07-1") in cuda
-    tk = {p.name: p.version for p in repos["nvidia-container-toolkit"].packages}
-    assert tk == {"libnvidia-container1": "1.17.8-1", "libnvidia-container-tools": "1.17.8-1",
-                  "nvidia-container-toolkit-base": "1.17.8-1", "nvidia-container-toolkit": "1.17.8-1"}
+    tk = {(p.name, p.version): p for p in repos["nvidia-container-toolkit"].packages}
+    names = {"libnvidia-container1", "libnvidia-container-tools", "nvidia-container-toolkit-base",
+             "nvidia-container-toolkit"}
+    assert set(tk) == {(name, f"{v}-1") for name in names for v in ("1.17.8", NVIDIA_CONTAINER_TOOLKIT.value)}
+    # From 1.18 the toolkit wants its own release of the tools, as the real package does.
+    assert "libnvidia-container-tools (= 1.20.2-1)" in tk["nvidia-container-toolkit", "1.20.2-1"].depends
+    assert "libnvidia-container-tools (>= 1.17.8-1)" in tk["nvidia-container-toolkit", "1.17.8-1"].depends
     k8s = {p.name: p.version for p in repos["kubernetes-v1.31"].packages}
     assert k8s["kubeadm"] == "1.31.4-1.1" and k8s["kubelet"] == "1.31.4-1.1"
     assert repos["kubernetes-v1.31"].path == "core:/stable:/v1.31/deb"

@@ -415,6 +415,13 @@ KUEUE = Pin("registry.k8s.io/kueue/kueue:v0.12.10",
 # tests/infra/test_kueue_chart.py holds the two together.
 KUEUE_CHART_VERSION = Pin("0.12.10", "kubernetes-sigs/kueue site/hugo.toml at v0.12.10 (chart_version); the "
                           "installation page's `helm install ... --version`")
+# The NVIDIA container toolkit on GPU hosts (the container_runtime role's default; a test keeps them
+# equal). Its four packages share the version (packaging/debian/control).
+NVIDIA_CONTAINER_TOOLKIT = Pin("1.20.2", "github.com/NVIDIA/nvidia-container-toolkit v1.20.2 (the Go module proxy's "
+                               "newest; CHANGELOG.md): jit-cdi is the runtime's default mode from 1.18.0; "
+                               "CVE-2025-23266 and -23267 fixed from 1.17.8 (NVIDIA bulletin a_id/5659). NVIDIA's "
+                               "apt repository was not read: check that 1.20.2-1 is published on the site mirror")
+
 # Approves kubelet serving-certificate requests; it supports the three newest Kubernetes minors and
 # uses only the stable certificates.k8s.io/v1 API.
 KUBELET_CSR_APPROVER = Pin("ghcr.io/postfinance/kubelet-csr-approver:v1.2.14",

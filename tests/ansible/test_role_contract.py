@@ -17,7 +17,7 @@ from corral.machine.kubelet_node import CONTAINERD_CONFIG_STAGED, node_files
 from corral.manifests.policy import NODE_RUNTIME_SETTINGS
 from corral.model import load_cluster
 from corral.model.containerd import default_containerd, package_version, pause_image
-from corral.model.versions import NEW_CLUSTER_VERSION
+from corral.model.versions import NEW_CLUSTER_VERSION, NVIDIA_CONTAINER_TOOLKIT
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTERS = sorted((ROOT / "clusters").glob("*.yaml"))
@@ -32,10 +32,18 @@ def test_the_toolkit_settings_are_the_ones_the_device_plugin_strategy_needs():
     assert defaults["corral_nvidia_container_runtime_settings"] == NODE_RUNTIME_SETTINGS
 
 
-def test_the_toolkit_is_pinned_past_its_container_escape_fix():
-    # CVE-2025-23266 and CVE-2025-23267 are fixed in 1.17.8 (NVIDIA bulletin a_id/5659).
-    version = role_defaults("container_runtime")["corral_nvidia_container_toolkit_version"]
-    assert tuple(int(p) for p in version.split(".")) >= (1, 17, 8)
+def test_the_toolkit_is_the_catalogs_past_its_container_escape_fix_and_in_jit_cdi_mode():
+    # CVE-2025-23266 and CVE-2025-23267 are fixed in 1.17.8 (NVIDIA bulletin a_id/5659); jit-cdi is the
+    # runtime's default mode from 1.18.0 (CHANGELOG), and the role leaves the mode at its default.
+    defaults = role_defaults("container_runtime")
+    version = defaults["corral_nvidia_container_toolkit_version"]
+    assert version == NVIDIA_CONTAINER_TOOLKIT.value
+    assert tuple(int(p) for p in version.split(".")) >= (1, 18, 0)
+    assert "mode" not in defaults["corral_nvidia_container_runtime_settings"]
+    # The four packages of one release, each held at it.
+    assert sorted(defaults["corral_nvidia_container_toolkit_packages"]) == [
+        "libnvidia-container-tools", "libnvidia-container1", "nvidia-container-toolkit",
+        "nvidia-container-toolkit-base"]
 
 
 def test_the_roles_default_containerd_is_the_models():

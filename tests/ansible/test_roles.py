@@ -33,6 +33,7 @@ import pytest
 import yaml
 
 from corral.manifests.policy import NODE_RUNTIME_SETTINGS
+from corral.model.versions import NVIDIA_CONTAINER_TOOLKIT
 from corral.machine.containerd_config import render_config
 from tests import gobuild
 from tests.ansible.recap import parse_recap
@@ -49,7 +50,7 @@ testinfra = pytest.importorskip("testinfra", reason="pytest-testinfra is not ins
 # (pytest_plugins = ["tests.hostlab.conftest_plugin"]): `hostlab` (skips with
 # the lab's reason when the machine cannot run it) and `hostlab_repo` (fake
 # NVIDIA/k8s repos: driver 550.127.05 with 8 x "NVIDIA H100 80GB HBM3",
-# toolkit 1.17.8, k8s 1.31.4). Not imported here: a second definition would
+# toolkit 1.17.8 and 1.20.2, k8s 1.31.4 and 1.36.4). Not imported here: a second definition would
 # start a second lab on the same bridge in one session.
 
 DRIVER = "550.127.05"
@@ -534,8 +535,11 @@ def test_containerd(th, name, gpu):
         assert runtimes["nvidia"]["options"]["BinaryName"] == "/usr/bin/nvidia-container-runtime"
         assert runtimes["nvidia"]["options"]["SystemdCgroup"] is True
         # Pinned past CVE-2025-23266, and held.
-        assert h.package("nvidia-container-toolkit").version == "1.17.8-1"
-        assert "nvidia-container-toolkit" in h.check_output("apt-mark showhold").split()
+        held = h.check_output("apt-mark showhold").split()
+        for package in ("nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
+                        "libnvidia-container1"):
+            assert h.package(package).version == f"{NVIDIA_CONTAINER_TOOLKIT.value}-1", package
+            assert package in held, package
         # Only allocated GPUs reach a container: the settings the device
         # plugin's volume-mounts strategy needs, top-level in config.toml.
         toolkit = tomllib.loads(h.file("/etc/nvidia-container-runtime/config.toml").content_string)

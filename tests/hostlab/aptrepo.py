@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from corral.model.containerd import package_version
-from corral.model.versions import DEFAULT_CONTAINERD, NEW_CLUSTER_VERSION
+from corral.model.versions import DEFAULT_CONTAINERD, NEW_CLUSTER_VERSION, NVIDIA_CONTAINER_TOOLKIT
 from tests import gobuild
 
 from .lab import Host, Lab, LabConfig, LabError, _flock, _run
@@ -165,6 +165,7 @@ def toolkit_packages(toolkit_version: str, gpu_count: int) -> list[FakePackage]:
     """Packages of the NVIDIA container toolkit repo for one version."""
     v = f"{toolkit_version}-1"
     build = {"toolkit_version": toolkit_version, "gpu_count": gpu_count}
+    exact_tools = tuple(int(part) for part in toolkit_version.split(".")[:2]) >= (1, 18)
     return [
         FakePackage("libnvidia-container1", v, "NVIDIA container runtime library (TEST FAKE)",
                     files={"/usr/share/doc/libnvidia-container1/TEST-FAKE": _doc("libnvidia-container1")},
@@ -186,9 +187,11 @@ def toolkit_packages(toolkit_version: str, gpu_count: int) -> list[FakePackage]:
                                "load-kmods = true\n\n[nvidia-container-runtime]\nlog-level = \"info\"\n"
                                "mode = \"auto\"\nruntimes = [\"runc\", \"crun\"]\n"))},
                     conffiles=["/etc/nvidia-container-runtime/config.toml"], section="utils"),
+        # From 1.18 the toolkit wants libnvidia-container-tools of its exact version (packaging/debian/control).
         FakePackage("nvidia-container-toolkit", v, "NVIDIA Container toolkit (TEST FAKE)",
                     depends=[f"nvidia-container-toolkit-base (= {v})",
-                             f"libnvidia-container-tools (>= {v})", "libnvidia-container-tools (<< 2.0.0)"],
+                             f"libnvidia-container-tools ({'=' if exact_tools else '>='} {v})",
+                             "libnvidia-container-tools (<< 2.0.0)"],
                     build=build,
                     files={"/usr/bin/nvidia-container-runtime-hook": ("fake", "nvidia-container-runtime-hook")},
                     section="utils"),
@@ -234,6 +237,8 @@ K8S_VERSIONS = ("1.31.4", NEW_CLUSTER_VERSION)
 # NVIDIA drivers: the R550 release the hostlab tests were written for, and the R580 one the
 # example clusters and the on-prem guide run (R550 is past its end of life: corral validate).
 DRIVER_VERSIONS = ("550.127.05", "580.173.02")
+# The NVIDIA container toolkit: the release before jit-cdi and the catalog's.
+TOOLKIT_VERSIONS = ("1.17.8", NVIDIA_CONTAINER_TOOLKIT.value)
 CONTAINERD_LEGACY = package_version("1.7.27")                   # 1.7.27-1
 CONTAINERD_CURRENT = package_version(DEFAULT_CONTAINERD)        # 2.3.6-1~debian.12~bookworm
 
@@ -332,7 +337,7 @@ def kernel_packages(abi: str, version: str, flavour: str = "amd64", *, meta: boo
 
 
 def default_repos(driver_versions: Sequence[str] = DRIVER_VERSIONS,
-                  toolkit_versions: Sequence[str] = ("1.17.8",),
+                  toolkit_versions: Sequence[str] = TOOLKIT_VERSIONS,
                   k8s_versions: Sequence[str] = K8S_VERSIONS,
                   gpu_model: str = "NVIDIA H100 80GB HBM3", gpu_count: int = 8) -> list[RepoSpec]:
     """The three upstream repositories, one k8s repo per minor version."""
@@ -459,7 +464,7 @@ class AptRepo:
 
     def __init__(self, lab: Lab | None = None, *,
                  driver_versions: Sequence[str] = DRIVER_VERSIONS,
-                 toolkit_versions: Sequence[str] = ("1.17.8",),
+                 toolkit_versions: Sequence[str] = TOOLKIT_VERSIONS,
                  k8s_versions: Sequence[str] = K8S_VERSIONS,
                  gpu_model: str = "NVIDIA H100 80GB HBM3", gpu_count: int = 8,
                  repos: Sequence[RepoSpec] | None = None,
