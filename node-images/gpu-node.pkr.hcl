@@ -18,6 +18,12 @@ variable "nvidia_driver_version" {
   description = "NVIDIA driver baked in; match the GPU pools' gpu.driver."
 }
 
+variable "containerd_version" {
+  type        = string
+  default     = "2.3.6"
+  description = "containerd (Docker's containerd.io) baked in; match the cluster's kubernetes.containerd (corral show NAME): the version catalog's default for its Kubernetes minor, 2.3.6 for 1.34 to 1.37."
+}
+
 variable "fabric_manager" {
   type        = bool
   default     = true
@@ -127,6 +133,7 @@ build {
     extra_arguments = [
       "--extra-vars", "corral_kubernetes_version=${var.kubernetes_version}",
       "--extra-vars", "corral_nvidia_driver_version=${var.nvidia_driver_version}",
+      "--extra-vars", "corral_containerd_version=${var.containerd_version}",
       "--extra-vars", "corral_image_fabric_manager=${var.fabric_manager}",
     ]
     ansible_env_vars = [

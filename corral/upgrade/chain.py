@@ -115,11 +115,12 @@ def upgrade_chain(cluster: Cluster, start: str, target: str | None = None,
             else:
                 new = row.containerd_default.value
                 layouts = (_containerd_config_layout(containerd), _containerd_config_layout(new))
-                layout = (f"; its config is rewritten in layout {layouts[1]} (was {layouts[0]})"
+                layout = (f", rewrites its config in layout {layouts[1]} (was {layouts[0]})"
                           if layouts[0] != layouts[1] else "")
-                changes.append(f"containerd {containerd} -> {new} on every node, drained one batch at a time "
-                               f"before its kubelet moves (containerd restarts; running containers keep their "
-                               f"shims){layout}")
+                changes.append(f"containerd {containerd} -> {new}: not moved by `corral upgrade`; after the step, "
+                               f"`corral join` installs it on the on-prem nodes{layout} and restarts containerd "
+                               "(running containers keep their shims), and cloud nodes get it when they are "
+                               "replaced")
                 containerd = new
         floor = row.min_external_etcd
         if floor is not None and floor.value is not None and catalog.key(etcd_version) < catalog.key(floor.value):

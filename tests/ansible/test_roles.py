@@ -50,7 +50,7 @@ testinfra = pytest.importorskip("testinfra", reason="pytest-testinfra is not ins
 # (pytest_plugins = ["tests.hostlab.conftest_plugin"]): `hostlab` (skips with
 # the lab's reason when the machine cannot run it) and `hostlab_repo` (fake
 # NVIDIA/k8s repos: driver 550.127.05 with 8 x "NVIDIA H100 80GB HBM3",
-# toolkit 1.17.8 and 1.20.2, k8s 1.31.4 and 1.36.4). Not imported here: a second definition would
+# toolkit 1.17.8 and 1.20.2, k8s 1.31.4). Not imported here: a second definition would
 # start a second lab on the same bridge in one session.
 
 DRIVER = "550.127.05"
@@ -65,10 +65,13 @@ GPU1, GPU2, CPU1 = (
     "rl-cpu-001.sf1.internal",
 )
 # containerd per host: gpu-001 keeps the last 1.7 (Debian's containerd 1.6.20 inside the test
-# package; config layout version 2), gpu-002 and cpu-001 run the real containerd 2.3.6 built
-# from its Go module (scripts/build-runtime; layout version 4), the catalog's default for every
-# supported Kubernetes minor. One run proves both layouts of corral's config on a running daemon.
-PACKAGE = {GPU1: CONTAINERD_LEGACY, GPU2: CONTAINERD_CURRENT, CPU1: CONTAINERD_CURRENT}
+# package; config layout version 2), gpu-002 runs the real containerd 2.3.6 built from its Go
+# module (scripts/build-runtime; layout version 4), the catalog's default for every supported
+# Kubernetes minor, and cpu-001 joins on 1.7 and is moved to 2.3.6 in place by a later run (the
+# upgrade step of `corral upgrade --plan` that moves containerd). The module proves both layouts
+# of corral's config on a running daemon, and the move between them.
+PACKAGE_AT_JOIN = {GPU1: CONTAINERD_LEGACY, GPU2: CONTAINERD_CURRENT, CPU1: CONTAINERD_LEGACY}
+PACKAGE = {**PACKAGE_AT_JOIN, CPU1: CONTAINERD_CURRENT}
 CONTAINERD = {name: package.split("-")[0] for name, package in PACKAGE.items()}
 # The roles' default pause image (the inventory here passes none).
 SANDBOX = yaml.safe_load((ANSIBLE_DIR / "roles" / "container_runtime" / "defaults" / "main.yml").read_text())[
@@ -122,7 +125,8 @@ def inventory(lab, repo, key_path: str) -> dict:
     inv = lab.inventory_data(
         hosts,
         groups=groups,
-        host_vars={name: {"corral_containerd_version": version} for name, version in CONTAINERD.items()},
+        host_vars={name: {"corral_containerd_version": package.split("-")[0]}
+                   for name, package in PACKAGE_AT_JOIN.items()},
         vars={
             # cluster
             "corral_cluster_name": "jaguar",
@@ -290,6 +294,12 @@ def lab_run(hostlab, hostlab_repo, tmp_path_factory):
         runs["mtu"] = run_playbook(
             workdir, inv_path, "--limit", CPU1, "-e", "corral_flannel_mtu=8950"
         )
+        # containerd 1.7 -> 2.3.6 on a joined node (the cluster file's containerd changed), twice.
+        cpu = lab.hosts[CPU1]
+        before = {"debian_containerd": cpu.run("dpkg-query -W -f='${Version}' containerd").stdout.strip()}
+        move = ("--limit", CPU1, "-e", f"corral_containerd_version={CONTAINERD[CPU1]}")
+        runs["containerd_move"] = run_playbook(workdir, inv_path, *move)
+        runs["containerd_move_again"] = run_playbook(workdir, inv_path, *move)
         timings = {
             "boot_3_hosts": round(boot, 1),
             **{k: round(v["wall"], 1) for k, v in runs.items()},
@@ -304,6 +314,7 @@ def lab_run(hostlab, hostlab_repo, tmp_path_factory):
             "hosts": {h.name: h for h in hosts},
             "runs": runs,
             "check_untouched": check_untouched,
+            "before_containerd_move": before,
             "ssh_config": ssh_config,
             "timings": timings,
         }
@@ -554,6 +565,21 @@ def test_containerd(th, name, gpu):
     # RDMA pins memory: containers inherit containerd's unlimited memlock.
     assert h.check_output("systemctl show containerd -p LimitMEMLOCK") == "LimitMEMLOCK=infinity"
     assert h.service("containerd").is_enabled
+    assert h.service("containerd").is_running
+
+
+def test_containerd_moves_from_1_7_to_2_in_place(th, lab_run):
+    """A joined node whose cluster moved to containerd 2 (the 1.34 step of the upgrade chain): the
+    role replaces Debian's containerd with the real containerd 2.3.6, writes the layout-4 config in
+    the same run, and a second run changes nothing."""
+    first, again = lab_run["runs"]["containerd_move"], lab_run["runs"]["containerd_move_again"]
+    assert first["rc"] == 0 and first["recap"][CPU1]["changed"] > 0, explain(first)
+    assert again["rc"] == 0 and again["recap"][CPU1]["changed"] == 0, explain(again)
+    assert lab_run["before_containerd_move"]["debian_containerd"].startswith("1.6."), lab_run["before_containerd_move"]
+    h = th[CPU1]
+    assert not h.package("containerd").is_installed  # Debian's, replaced by containerd.io 2.x
+    assert h.package("containerd.io").version == CONTAINERD_CURRENT
+    assert tomllib.loads(h.file("/etc/containerd/config.toml").content_string)["version"] == 4
     assert h.service("containerd").is_running
 
 

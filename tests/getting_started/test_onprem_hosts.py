@@ -23,6 +23,7 @@ import functools
 import http.server
 import json
 import os
+import re
 import subprocess
 import threading
 from pathlib import Path
@@ -42,6 +43,8 @@ DC1_HOSTS = [f"gpu-{n:03d}.dc1.internal" for n in range(1, 5)]   # onprem.md's g
 POOL = "gpu-h100-dc1"
 MIRROR = "mirror.dc1.internal"            # site-dc1.yaml's mirror
 MIRROR_KEY = "/etc/apt/keyrings/dc1-mirror.asc"   # site-dc1.yaml's key, put there by the site's provisioning
+# The driver the guide's `corral nodepool add ... --gpu-driver` names (read from the guide).
+GUIDE_DRIVER = re.search(r"--gpu-driver (\S+)", (GUIDES / "onprem.md").read_text()).group(1)
 # A lab of its own, so it runs beside the session lab (tests/hostlab/fixtures.py, own_lab).
 LAB_BRIDGE, LAB_SUBNET, LAB_PREFIX = "crlgsdc1", "10.60.1.0/24", "gs-"
 SITE_USER = "corral"
@@ -103,12 +106,15 @@ def real_ssh_path(reader: Reader) -> str:
 
 @pytest.fixture(scope="module")
 def dc1(tmp_path_factory):
+    from corral.model.versions import NEW_CLUSTER_VERSION
     from tests.hostlab.aptrepo import AptRepo
     from tests.hostlab.fixtures import own_lab
 
     with own_lab(LAB_BRIDGE, LAB_SUBNET, LAB_PREFIX) as lab:
         tmp = tmp_path_factory.mktemp("dc1")
-        repo = AptRepo(lab).build()
+        # The guide's cluster runs what `corral cluster new` writes (the version catalog's
+        # new-cluster version) and its pool the driver the guide's `corral nodepool add` names.
+        repo = AptRepo(lab, k8s_versions=(NEW_CLUSTER_VERSION,), driver_versions=(GUIDE_DRIVER,)).build()
         mirror = SiteMirror(repo, tmp / "mirror", lab.gateway)
         hosts = []
         try:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from corral.model.containerd import package_version
-from corral.model.versions import DEFAULT_CONTAINERD, NEW_CLUSTER_VERSION, NVIDIA_CONTAINER_TOOLKIT
+from corral.model.versions import DEFAULT_CONTAINERD, NVIDIA_CONTAINER_TOOLKIT
 from tests import gobuild
 
 from .lab import Host, Lab, LabConfig, LabError, _flock, _run
@@ -231,12 +231,13 @@ def k8s_packages(k8s_version: str, cri_tools_version: str | None = None,
 # The containerd.io versions the test repository carries: the last 1.7 that corral pinned
 # before containerd 2 (its config layout is version 2) and the catalog's default for every
 # supported Kubernetes minor (corral/model/versions.py DEFAULT_CONTAINERD).
-# The Kubernetes releases the test repository carries by default: the last 1.31 the hostlab
-# tests were written for, and what a new cluster runs (`corral cluster new`, the roles' default).
-K8S_VERSIONS = ("1.31.4", NEW_CLUSTER_VERSION)
-# NVIDIA drivers: the R550 release the hostlab tests were written for, and the R580 one the
-# example clusters and the on-prem guide run (R550 is past its end of life: corral validate).
-DRIVER_VERSIONS = ("550.127.05", "580.173.02")
+# The Kubernetes release the test repository carries by default: the 1.31 the hostlab tests were
+# written for (a test that wants the new-cluster version asks for it: tests that install without
+# a version would otherwise get the newest).
+K8S_VERSIONS = ("1.31.4",)
+# The NVIDIA driver: the R550 release the hostlab tests were written for (R550 is past its end of
+# life for a real cluster: corral validate; the on-prem guide's test asks for its R580 one).
+DRIVER_VERSIONS = ("550.127.05",)
 # The NVIDIA container toolkit: the release before jit-cdi and the catalog's.
 TOOLKIT_VERSIONS = ("1.17.8", NVIDIA_CONTAINER_TOOLKIT.value)
 CONTAINERD_LEGACY = package_version("1.7.27")                   # 1.7.27-1

@@ -126,8 +126,8 @@ def hostlab_repo_factory(hostlab):
 
 @pytest.fixture(scope="session")
 def hostlab_repo(hostlab_repo_factory) -> AptRepo:
-    """The default fake repos (drivers 550.127.05 and 580.173.02, toolkit 1.17.8 and 1.20.2, k8s 1.31.4 and
-    the new-cluster version, containerd.io 1.7.27 and 2.3.6)."""
+    """The default fake repos (driver 550.127.05, toolkit 1.17.8 and 1.20.2, k8s 1.31.4,
+    containerd.io 1.7.27 and 2.3.6)."""
     return hostlab_repo_factory()
 
 

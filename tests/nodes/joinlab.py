@@ -274,6 +274,6 @@ def bake_image(lab, repo, builder, workdir: Path) -> dict:
     """
     put_key(repo, builder)
     return run_playbook(lab, [builder], workdir, IMAGE_PLAYBOOK, {
-        **site_mirror_vars(repo), "corral_kubernetes_version": "1.31.4",
+        **site_mirror_vars(repo), "corral_kubernetes_version": "1.31.4", "corral_containerd_version": "1.7.27",
         "corral_nvidia_driver_version": "550.127.05", "corral_image_cloud_init": False,
     }, name="image")

@@ -39,8 +39,8 @@ def test_containerd_moves_to_2_with_its_config_layout_where_the_old_line_stops()
     moves = [(s.version, c) for s in steps for c in s.changes if c.startswith("containerd ")]
     assert len(moves) == 1
     version, change = moves[0]
-    assert change.startswith("containerd 1.7.27 -> 2.3.6 on every node")
-    assert "config is rewritten in layout 4 (was 2)" in change
+    assert change.startswith("containerd 1.7.27 -> 2.3.6: not moved by `corral upgrade`")
+    assert "`corral join` installs it on the on-prem nodes, rewrites its config in layout 4 (was 2)" in change
     # The first minor 1.7.27 does not support (containerd RELEASES.md: 1.34 wants 1.7.28+).
     assert version.startswith("1.34.")
 
