@@ -25,29 +25,28 @@ go_cache_require_tools() {
   done
 }
 
-go_cache_open() {
-  local prog=$1 root_var=$2 default_root=$3 key=$4
-  local override=${!root_var:-}
-  local cache_root=${override:-$default_root}
-  GO_CACHE_FINAL=$cache_root/$key
+# _go_cache_entry ROOT KEY: set GO_CACHE_FINAL and GO_CACHE_BIN for KEY under ROOT; when that
+# entry is published (it appeared by one rename, so it is complete) print its bin path and exit 0.
+_go_cache_entry() {
+  GO_CACHE_FINAL=$1/$2
   GO_CACHE_BIN=$GO_CACHE_FINAL/bin
-
-  # Fast path: a published entry is complete (it appeared by one rename).
   if [[ -d $GO_CACHE_BIN ]]; then
     echo "$GO_CACHE_BIN"
     exit 0
   fi
+}
+
+go_cache_open() {
+  local prog=$1 root_var=$2 default_root=$3 key=$4
+  local override=${!root_var:-}
+  local cache_root=${override:-$default_root}
+  _go_cache_entry "$cache_root" "$key"
 
   if ! mkdir -p "$cache_root" 2>/dev/null || [[ ! -w $cache_root ]]; then
     # A user who cannot write the machine's cache (not root) builds into their own.
     if [[ -z $override ]]; then
       cache_root=${XDG_CACHE_HOME:-$HOME/.cache}/$(basename "$default_root")
-      GO_CACHE_FINAL=$cache_root/$key
-      GO_CACHE_BIN=$GO_CACHE_FINAL/bin
-      if [[ -d $GO_CACHE_BIN ]]; then
-        echo "$GO_CACHE_BIN"
-        exit 0
-      fi
+      _go_cache_entry "$cache_root" "$key"
     fi
     if ! mkdir -p "$cache_root" 2>/dev/null || [[ ! -w $cache_root ]]; then
       echo "$prog: cache directory $cache_root is not writable (set $root_var)" >&2
@@ -62,10 +61,7 @@ go_cache_open() {
   fi
 
   # Someone else may have finished while we waited.
-  if [[ -d $GO_CACHE_BIN ]]; then
-    echo "$GO_CACHE_BIN"
-    exit 0
-  fi
+  _go_cache_entry "$cache_root" "$key"
 
   # We hold the lock for this key, so any temporary directory for it is stale.
   rm -rf "$cache_root/.$key.tmp."*
