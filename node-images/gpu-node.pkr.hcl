@@ -24,6 +24,12 @@ variable "containerd_version" {
   description = "containerd (Docker's containerd.io) baked in; match the cluster's kubernetes.containerd (corral show NAME): the version catalog's default for its Kubernetes minor, 2.3.6 for 1.34 to 1.37."
 }
 
+variable "pause_image" {
+  type        = string
+  default     = "registry.k8s.io/pause:3.10.2"
+  description = "The sandbox image containerd pins: kubeadm's for the cluster's Kubernetes minor (the version catalog's pause: 3.10.1 for 1.35, 3.10.2 for 1.36 and 1.37)."
+}
+
 variable "fabric_manager" {
   type        = bool
   default     = true
@@ -134,6 +140,7 @@ build {
       "--extra-vars", "corral_kubernetes_version=${var.kubernetes_version}",
       "--extra-vars", "corral_nvidia_driver_version=${var.nvidia_driver_version}",
       "--extra-vars", "corral_containerd_version=${var.containerd_version}",
+      "--extra-vars", "corral_containerd_sandbox_image=${var.pause_image}",
       "--extra-vars", "corral_image_fabric_manager=${var.fabric_manager}",
     ]
     ansible_env_vars = [

@@ -159,7 +159,9 @@ def test_the_guides_join_converges_every_host_of_the_pool(dc1):
         assert not missing, (name, missing)
         assert not host.path("/etc/kubernetes/bootstrap-kubelet.conf").exists(), name
         driver = host.run("dpkg-query -W -f '${Version}' nvidia-driver").stdout
-        assert driver == "550.127.05-1", name
+        assert driver == f"{GUIDE_DRIVER}-1", name
+        # The cluster's containerd (the new-cluster version's default), the real one.
+        assert "v2.3.6 " in host.run("containerd --version").stdout + " ", name
 
 
 def test_trust_recorded_the_keys_the_guides_hosts_really_have(dc1):

@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from corral.model.containerd import default_containerd, pause_image
 from corral.util import write_atomic
 
 REPO = Path(__file__).resolve().parents[2]
@@ -274,6 +275,9 @@ def bake_image(lab, repo, builder, workdir: Path) -> dict:
     """
     put_key(repo, builder)
     return run_playbook(lab, [builder], workdir, IMAGE_PLAYBOOK, {
-        **site_mirror_vars(repo), "corral_kubernetes_version": "1.31.4", "corral_containerd_version": "1.7.27",
+        # The lab cluster's Kubernetes, and its containerd and pause image (the catalog's for 1.31),
+        # as a Packer build for that cluster passes them.
+        **site_mirror_vars(repo), "corral_kubernetes_version": "1.31.4",
+        "corral_containerd_version": default_containerd("1.31.4"), "corral_containerd_sandbox_image": pause_image("1.31.4"),
         "corral_nvidia_driver_version": "550.127.05", "corral_image_cloud_init": False,
     }, name="image")
