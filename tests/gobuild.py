@@ -1,7 +1,8 @@
-"""The programs corral's tests build from Go modules: scripts/build-kube (Kubernetes, etcd,
-Kueue) and scripts/build-runtime (containerd). Both print their cache entry's bin folder as
-the last stdout line and exit 3 on a machine without Go; the tiers that need them skip then
-and say why (docs/kube-build.md)."""
+"""The programs corral's tests build from Go modules: scripts/build-kube (Kubernetes, etcd),
+scripts/build-runtime (containerd, corral's etcd) and scripts/build-kueue (Kueue's manager, helm and
+the release's chart). Each prints its cache entry's bin folder as the last stdout line and
+exits 3 on a machine without Go; the tiers that need them skip then and say why
+(docs/kube-build.md)."""
 
 from __future__ import annotations
 
@@ -50,3 +51,9 @@ def built_bin_dir(script: str, env: str) -> Path:
 def runtime_bin_dir() -> Path:
     """containerd, containerd-shim-runc-v2 and ctr at the catalog's default containerd."""
     return built_bin_dir("build-runtime", "CORRAL_RUNTIME_BIN")
+
+
+def kueue_dir() -> Path:
+    """scripts/build-kueue's cache entry: bin/kueue-manager, bin/helm and charts/kueue at the
+    catalog's Kueue. CORRAL_KUEUE_BIN, when set, names such an entry's bin folder."""
+    return built_bin_dir("build-kueue", "CORRAL_KUEUE_BIN").parent

@@ -27,7 +27,7 @@ credential on each worker") runs, per worker:
 4. the same kubeconfig in the manager's Secret `kueue-system/multikueue-<worker>`,
    key `kubeconfig`, which the MultiKueueCluster names (Kueue reads the key
    `kubeconfig` of a Secret in its own namespace: site/static/examples/
-   multikueue/multikueue-setup.yaml, v0.12.10, the pinned release);
+   multikueue/multikueue-setup.yaml, v0.19.2, the pinned release);
 5. on the worker, the binding Secrets of earlier runs are deleted, which
    revokes their tokens at once (the API server rejects a token whose bound
    object is gone).

@@ -27,7 +27,7 @@ IMAGE = "docker.io/library/python:3.11.10-slim-bookworm"
 # agent writes only on change. Kernel-log faults do not wait for it at all.
 INTERVAL_SECONDS = 5
 RESYNC_SECONDS = 3600
-HOST_COMMAND = ["nsenter", "--target", "1", "--mount", "--uts", "--ipc", "--net", "--pid", "--"]
+HOST_COMMAND = preflight.AGENT_HOST_COMMAND
 # The taints the agent sets and lifts (its ValidatingAdmissionPolicy allows these and no other).
 AGENT_TAINTS = [PREFLIGHT_TAINT_KEY, UNHEALTHY_TAINT_KEY, BURN_IN_TAINT]
 # The annotations it writes (agent.py's _annotate): the policy allows these and no other, so it can never

@@ -320,8 +320,36 @@ def roce_faults(rdma_links: list[dict] | None, interfaces: list[str]) -> list[Fa
 # --- active checks on idle nodes ------------------------------------------------
 
 GPU_RESOURCE = "nvidia.com/gpu"
-# "# Avg bus bandwidth    : 187.223" (nccl-tests' summary line, GB/s)
-NCCL_BUSBW_LINE = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(?P<gbps>[0-9.]+)", re.M)
+# The message size the agent's all_reduce_perf runs at (-b 1G -e 1G, corral/model/nccl_baselines.py
+# MESSAGE_BYTES; nccl-tests reads G as 1024^3, src/common.cu parsesize).
+NCCL_MESSAGE_BYTES = 1 << 30
+
+
+def nccl_in_place_busbw(output: str, size: int = NCCL_MESSAGE_BYTES) -> float | None:
+    """The in-place busbw (GB/s) of the row for `size` bytes in all_reduce_perf's result table, or None.
+
+    nccl-tests prints a header naming the columns ("size count type redop root", then "time algbw
+    busbw #wrong" out of place, the same in place; -R adds per-iteration columns to each half) and
+    one row per size (NVIDIA/nccl-tests src/util.cu, writeResultHeader and the row writers). Its
+    summary "# Avg bus bandwidth" is no use here: it averages busbw over every size and over BOTH
+    placements (src/common.cu adds each run's busBw), while the published baselines are in-place
+    busbw at 1 GiB (corral/model/nccl_baselines.py)."""
+    columns: list[str] | None = None
+    for line in output.splitlines():
+        if line.startswith("#"):
+            words = line.lstrip("#").split()
+            if words[:1] == ["size"] and words.count("busbw") == 2:
+                columns = words
+            continue
+        values = line.split()
+        if columns is None or not values or values[0] != str(size):
+            continue
+        in_place = len(columns) - 1 - columns[::-1].index("busbw")
+        try:
+            return float(values[in_place])
+        except (IndexError, ValueError):
+            return None
+    return None
 
 
 def gpu_pods(pods: list[dict]) -> list[str]:
@@ -363,12 +391,11 @@ def active_faults(diag: tuple[int, str] | None, nccl: tuple[int, str] | None,
             failed = [] if diag[0] == 0 else [f"dcgmi diag exit {diag[0]}"]
         problems += [f"dcgmi diag: {f}" for f in failed]
     if nccl is not None:
-        match = NCCL_BUSBW_LINE.search(nccl[1])
-        if nccl[0] != 0 or match is None:
+        bus = nccl_in_place_busbw(nccl[1])
+        if nccl[0] != 0 or bus is None:
             problems.append(f"all_reduce_perf exit {nccl[0]} without a bus bandwidth")
-        elif min_bus_gbps and float(match["gbps"]) < min_bus_gbps:
-            problems.append(f"all_reduce_perf bus bandwidth {float(match['gbps']):g} GB/s, expected at least "
-                            f"{min_bus_gbps:g}")
+        elif min_bus_gbps and bus < min_bus_gbps:
+            problems.append(f"all_reduce_perf bus bandwidth {bus:g} GB/s, expected at least {min_bus_gbps:g}")
     if not problems:
         return []
     return [Fault(ACTIVE_CONDITION, "ActiveCheckFailed", "; ".join(problems)[:1000], DEGRADED)]
@@ -396,9 +423,9 @@ def conditions(faults: list[Fault]) -> dict[str, tuple[str, str, str]]:
 
 # --- burn-in before readmission ---------------------------------------------------
 
-# nccl-tests' summary lines (NVIDIA/nccl-tests src/util.cu): "# Out of bounds values : 0 OK" and
-# "# Avg bus bandwidth    : 187.223" (GB/s, %g). A run is read only when both are there and the
-# first says 0: a wrong result is no result.
+# nccl-tests' summary line (NVIDIA/nccl-tests src/util.cu): "# Out of bounds values : 0 OK". A run is
+# read only when it is there and says 0 (a wrong result is no result) and the 1 GiB row has an
+# in-place busbw (nccl_in_place_busbw).
 NCCL_WRONG_LINE = re.compile(r"^#\s*Out of bounds values\s*:\s*(?P<wrong>\d+)", re.M)
 TIMED_OUT = 124   # run_on_host's exit status for a program it stopped at its timeout (timeout(1)'s)
 
@@ -430,15 +457,14 @@ def nccl_bus_bandwidth(nccl: tuple[int, str] | None) -> tuple[float | None, str]
         return None, "all_reduce_perf did not finish in time"
     if status != 0:
         return None, f"all_reduce_perf exit {status}"
-    wrong, bandwidth = NCCL_WRONG_LINE.search(output), NCCL_BUSBW_LINE.search(output)
-    if wrong is None or bandwidth is None:
+    wrong, bus = NCCL_WRONG_LINE.search(output), nccl_in_place_busbw(output)
+    if wrong is None:
         return None, "all_reduce_perf printed no result summary"
     if int(wrong["wrong"]):
         return None, f"all_reduce_perf computed {wrong['wrong']} wrong values"
-    try:
-        return float(bandwidth["gbps"]), ""
-    except ValueError:
-        return None, f"all_reduce_perf's bus bandwidth '{bandwidth['gbps']}' is not a number"
+    if bus is None:
+        return None, f"all_reduce_perf printed no in-place bus bandwidth for {NCCL_MESSAGE_BYTES} bytes"
+    return bus, ""
 
 
 def burn_in_verdict(diag: tuple[int, str] | None, nccl: tuple[int, str] | None, pool: dict,

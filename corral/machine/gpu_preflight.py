@@ -16,6 +16,12 @@ TEMPLATE = "health/gpu-preflight.py.j2"
 # Written by the preflight on the node, read by the agent through a hostPath.
 VERDICT_DIR = "/var/lib/corral/health"
 VERDICT_PATH = f"{VERDICT_DIR}/preflight.json"
+# How the health agent's container reaches the host's programs and its systemd: the host's
+# namespaces through PID 1 (the agent's pod has hostPID and is privileged; nsenter is util-linux's,
+# in the agent's Debian image). Cloud pools' preflight runs in that container (no Ansible run),
+# whose image has no systemctl, DCGM or NVIDIA host services: what it asks the host goes through
+# this. On-prem hosts run the preflight on the host itself, so theirs is empty.
+AGENT_HOST_COMMAND = ["nsenter", "--target", "1", "--mount", "--uts", "--ipc", "--net", "--pid", "--"]
 
 def expectations(cluster: Cluster, pool: OnPremPool | CloudPool) -> dict | None:
     """What a node of `pool` must show to pass; None for pools without GPUs or with preflight off."""
@@ -29,6 +35,7 @@ def expectations(cluster: Cluster, pool: OnPremPool | CloudPool) -> dict | None:
         "gpu_count": pool.gpu.count,
         "driver": pool.gpu.driver,
         "fabric_manager": pool.gpu.fabric_manager,
+        "host_command": list(AGENT_HOST_COMMAND) if isinstance(pool, CloudPool) else [],
         "burn": settings.burn,
         "roce": None if roce is None else {
             "interfaces": list(roce.interfaces),

@@ -4,8 +4,8 @@ Kueue itself (its CRDs, controller Deployment, RBAC, webhooks, and the
 manager's ConfigMap) is installed by `pulumi up` from Kueue's official Helm
 chart at the pinned release, the way its installation page says users install
 it with Helm (`helm install kueue oci://registry.k8s.io/kueue/charts/kueue
---version=0.12.10 --namespace kueue-system`, site/content/en/docs/installation/
-_index.md at v0.12.10, chart_version in site/hugo.toml): `chart(cluster)` says
+--version=0.19.2 --namespace kueue-system`, site/content/en/docs/getting-started/
+installation.md at v0.19.2, chart_version in site/hugo.toml): `chart(cluster)` says
 which chart, version and values, and corral/infra/addons.py installs it with
 pulumi_kubernetes' helm.v4.Chart. corral renders what is the cluster's own:
 
@@ -15,8 +15,8 @@ pulumi_kubernetes' helm.v4.Chart. corral renders what is the cluster's own:
   `chart_values` sets again so the level holds whatever a chart default says);
 - the manager's configuration (`manager_config`: the chart's own
   managerConfig.controllerManagerConfigYaml with corral's waitForPodsReady,
-  TopologyAwareScheduling feature gate and the resources Kueue leaves to the
-  scheduler), given to the chart as that value: the chart renders the one
+  job frameworks and the resources Kueue leaves to the scheduler), given to the
+  chart as that value: the chart renders the one
   ConfigMap `kueue-manager-config` (charts/kueue/templates/manager/
   manager-config.yaml), corral renders none;
 - PriorityClasses for batch jobs (Kueue's preemption compares priorities);
@@ -25,9 +25,13 @@ pulumi_kubernetes' helm.v4.Chart. corral renders what is the cluster's own:
   (one per team namespace), from corral/model/kueue.py's quota arithmetic:
   the add-on `kueue-queues`, applied after the chart (their CRDs are its).
 
-Every name and field below is Kueue v0.12.10's (apis/kueue/v1beta1,
-apis/kueue/v1alpha1/topology_types.go, apis/config/v1beta1/configuration_types.go);
-tests/manifests/test_kueue.py validates every object against that release's CRDs.
+Every name and field below is Kueue v0.19.2's, on its storage API version
+(apis/kueue/v1beta2, apis/config/v1beta2/configuration_types.go; v1beta1 is
+still served at v0.19 and stops in v0.20). The kube tier applies every object to
+the real kube-apiserver with that release's CRDs (tests/kube/test_manifests_apply.py)
+and starts the real Kueue manager of the release on the rendered configuration
+(tests/kube/test_kueue_manager.py); tests/manifests/test_kueue.py checks them
+against the same CRDs without a server.
 """
 
 from __future__ import annotations
@@ -52,15 +56,17 @@ ADDON = "kueue"
 QUEUES_ADDON = "kueue-queues"
 KUEUE_GROUP = "kueue.x-k8s.io"
 # The chart's ConfigMap: the fullname (`kueue`, fullnameOverride below) + -manager-config
-# (charts/kueue/templates/manager/manager-config.yaml and _helpers.tpl at v0.12.10).
+# (charts/kueue/templates/manager/manager-config.yaml and _helpers.tpl at v0.19.2).
 MANAGER_CONFIGMAP = "kueue-manager-config"
 MANAGER_CONFIG_KEY = "controller_manager_config.yaml"
-KUEUE_API = "kueue.x-k8s.io/v1beta1"
-TOPOLOGY_API = "kueue.x-k8s.io/v1alpha1"       # Topology is v1alpha1 at v0.12.10
+# Every kind on v1beta2, the storage version of each CRD at v0.19.2 (Topology included:
+# it was v1alpha1 at v0.12.10).
+KUEUE_API = "kueue.x-k8s.io/v1beta2"
+TOPOLOGY_API = KUEUE_API
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_MODEL_LABEL = "corral.dev/gpu-model"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
-# pkg/controller/constants/constants.go QueueLabel; apis/kueue/v1alpha1/topology_types.go.
+# pkg/controller/constants/constants.go QueueLabel; apis/kueue/v1beta2/topology_types.go.
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 REQUIRED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-required-topology"
 PREFERRED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-preferred-topology"
@@ -70,6 +76,17 @@ PREFERRED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-preferred-topology"
 # Without this every ClusterQueue would have to cover cpu and memory, or Kueue
 # would never admit a pod that requests them.
 EXCLUDED_RESOURCE_PREFIXES = ("cpu", "memory", "ephemeral-storage", "hugepages-", "rdma/")
+
+# The job kinds Kueue manages: the release's own list (controller_manager_config.yaml at
+# v0.19.2) less the pod-based integrations (pod, deployment, statefulset, leaderworkerset),
+# which would put Kueue's webhook in the path of every pod created in a team namespace, so
+# a Kueue outage would stop pods that never asked for a queue. The Kubeflow training-operator
+# v1 kinds (pytorchjob, tfjob, ...) are left out as the release leaves them out: Kubeflow
+# Trainer's TrainJob replaces them. A framework whose CRD is not installed is set up when it is.
+JOB_FRAMEWORKS = (
+    "batch/job", "kubeflow.org/mpijob", "ray.io/rayjob", "ray.io/raycluster", "ray.io/rayservice",
+    "jobset.x-k8s.io/jobset", "workload.codeflare.dev/appwrapper", "trainer.kubeflow.org/trainjob",
+)
 
 # Batch priorities: Kueue's preemption (withinClusterQueue, borrowWithinCohort
 # LowerPriority) compares the workloads' priorities, taken from their pods'
@@ -109,36 +126,33 @@ def manager_config(cluster: Cluster, multi_kueue: dict | None = None) -> dict:
     and the fleet put the manager's configuration."""
     settings = cluster.scheduling.kueue
     config = {
-        "apiVersion": "config.kueue.x-k8s.io/v1beta1",
+        "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
-        # As in the release's controller_manager_config.yaml at v0.12.10.
+        # As in the release's config/components/manager/controller_manager_config.yaml at v0.19.2.
         "health": {"healthProbeBindAddress": ":8081"},
         "metrics": {"bindAddress": ":8443"},
         "webhook": {"port": 9443},
         "leaderElection": {"leaderElect": True, "resourceName": "c1f6bfd2.kueue.x-k8s.io"},
         "controller": {"groupKindConcurrency": {
-            "Job.batch": 5, "Pod": 5, "Workload.kueue.x-k8s.io": 5, "LocalQueue.kueue.x-k8s.io": 1,
-            "Cohort.kueue.x-k8s.io": 1, "ClusterQueue.kueue.x-k8s.io": 1, "ResourceFlavor.kueue.x-k8s.io": 1,
+            "Job.batch": 5, "Pod": 5, "Workload.kueue.x-k8s.io": 10, "LocalQueue.kueue.x-k8s.io": 5,
+            "Cohort.kueue.x-k8s.io": 1, "ClusterQueue.kueue.x-k8s.io": 5, "ResourceFlavor.kueue.x-k8s.io": 1,
         }},
-        "clientConnection": {"qps": 50, "burst": 100},
-        "integrations": {"frameworks": [
-            "batch/job", "kubeflow.org/mpijob", "ray.io/rayjob", "ray.io/raycluster", "jobset.x-k8s.io/jobset",
-            "kubeflow.org/paddlejob", "kubeflow.org/pytorchjob", "kubeflow.org/tfjob", "kubeflow.org/xgboostjob",
-            "kubeflow.org/jaxjob", "workload.codeflare.dev/appwrapper",
-        ]},
+        "clientConnection": {"qps": 300, "burst": 500},
+        "integrations": {"frameworks": list(JOB_FRAMEWORKS)},
         # corral's: all-or-nothing admission. A workload whose pods are not all
         # ready `timeout` after admission is evicted and requeued, so two gangs
         # that each got half the GPUs cannot hold them forever. blockAdmission
         # stays false: admitting one gang at a time would idle GPUs while images pull.
+        # (v1beta2 has no `enable`: the section is on whenever it is there, and defaults.go
+        # puts it there with a 5m timeout when it is not.) recoveryTimeout is left to its
+        # default, the timeout: a running gang that loses a pod gets as long to get it back.
         "waitForPodsReady": {
-            "enable": True,
             "timeout": f"{settings.wait_for_pods_ready_minutes}m",
             "blockAdmission": False,
             "requeuingStrategy": {"timestamp": "Eviction", "backoffBaseSeconds": 60, "backoffMaxSeconds": 3600},
         },
-        # TopologyAwareScheduling is alpha, off by default, at v0.12 (pkg/features/kube_features.go);
-        # featureGates in the Configuration (not --feature-gates: the two may not be combined).
-        "featureGates": {"TopologyAwareScheduling": True},
+        # No featureGates: TopologyAwareScheduling is beta and on by default from v0.14
+        # (pkg/features/kube_features.go at v0.19.2), MultiKueue from v0.9.
         "resources": {"excludeResourcePrefixes": list(EXCLUDED_RESOURCE_PREFIXES)},
     }
     if multi_kueue is not None:
@@ -159,8 +173,8 @@ def flavor_topology(cluster: Cluster, flavor: FlavorQuota) -> str | None:
     every level: on-prem pools with racks (each joined host registers with its rack).
 
     A ClusterQueue whose flavors all have a topology places every workload by topology, annotation or
-    not (KEP-2724, implicit TAS defaulting), and at v0.12 the topology snapshot holds only nodes that
-    exist and carry all the levels' labels (pkg/cache/tas_flavor.go lists nodes HasLabels(levels)).
+    not (KEP-2724, implicit TAS defaulting), and the topology snapshot holds only nodes that exist
+    and carry all the levels' labels (pkg/cache/scheduler/tas_nodes_cache.go find, NodeMatchesFlavor, v0.19.2).
     So a cloud pool would never admit: at size 0 there is no node to place on and the autoscaler,
     which scales up for pending pods, never sees one (Kueue keeps the Job suspended); and a machine
     type the cloud reports no topology for joins without the labels (corral/machine/topology_labels.py).
@@ -214,7 +228,7 @@ def cluster_queue(cluster: Cluster, queue: QueueQuota) -> dict:
         selector = {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In",
                                           "values": list(team.namespaces)}]}
     spec: dict = {
-        "cohort": settings.cohort,
+        "cohortName": settings.cohort,
         "namespaceSelector": selector,
         "queueingStrategy": "BestEffortFIFO",
         "preemption": {
@@ -296,10 +310,10 @@ def image() -> str:
 
 # --- the Helm chart ----------------------------------------------------------------------
 
-# Kueue's installation page at v0.12.10 (site/content/en/docs/installation/_index.md,
+# Kueue's installation page at v0.19.2 (site/content/en/docs/getting-started/installation.md,
 # "Install by Helm"): `helm install kueue oci://registry.k8s.io/kueue/charts/kueue
 # --version={{< param "chart_version" >}} --namespace kueue-system`, chart_version
-# "0.12.10" (site/hugo.toml at the tag): the release tag without its "v".
+# "0.19.2" (site/hugo.toml at the tag): the release tag without its "v".
 CHART = "oci://registry.k8s.io/kueue/charts/kueue"
 RELEASE_NAME = "kueue"
 
@@ -321,7 +335,7 @@ def chart_version() -> str:
 
 
 def chart_values(cluster: Cluster, multi_kueue: dict | None = None) -> dict:
-    """The chart's values (charts/kueue/values.yaml at v0.12.10) from the cluster file."""
+    """The chart's values (charts/kueue/values.yaml at v0.19.2) from the cluster file."""
     repository, tag = versions.KUEUE.rsplit(":", 1)
     return {
         # Names independent of the release name: kueue-manager-config, kueue-controller-manager,
@@ -402,7 +416,7 @@ def chart_comment(cluster: Cluster, addons: Iterable, multi_kueue: dict | None =
 # --- monitoring ----------------------------------------------------------------------
 
 # The release's metrics Service: namePrefix kueue- + controller-manager-metrics-service,
-# port 8443 named https (config/default/metrics_service.yaml at v0.12.10).
+# port 8443 named https (config/default/metrics_service.yaml at v0.19.2).
 METRICS_SERVICE = "kueue-controller-manager-metrics-service"
 METRICS_PORT = 8443
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"

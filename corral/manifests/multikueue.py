@@ -3,7 +3,7 @@
 The fleet file (corral/model/fleet.py) names a manager, its workers and the
 teams dispatched. Kueue's own page is the recipe (site/content/en/docs/tasks/
 manage/setup_multikueue.md and site/static/examples/multikueue/
-multikueue-setup.yaml, at the pinned release, v0.12.10):
+multikueue-setup.yaml, at the pinned release, v0.19.2):
 
 On the manager:
 - a MultiKueueCluster per worker, whose kubeconfig is the Secret
@@ -15,7 +15,8 @@ On the manager:
   admitted first (concepts/multikueue.md, "Job Flow");
 - one AdmissionCheck with controllerName `kueue.x-k8s.io/multikueue`
   pointing at that config;
-- each dispatched team's ClusterQueue with that admission check and, as
+- each dispatched team's ClusterQueue with that admission check (in its
+  `admissionChecksStrategy`, v1beta2's one place for it) and, as
   quota, the sum of the team's quotas on the workers ("Ideally, the quota in
   the manager cluster should be equal to the total quotas in the worker
   clusters", concepts/multikueue.md), over the workers' ResourceFlavors.
@@ -61,11 +62,13 @@ _WRITE = ["create", "delete", "get", "list", "watch"]
 
 # The manager's rights on a worker, exactly those of Kueue's own script at the
 # pinned release (site/static/examples/multikueue/create-multikueue-kubeconfig.sh,
-# v0.12.10; the release is corral/manifests/versions.py's): its Workloads always,
-# and each job kind only when the fleet dispatches it. The script's other rules
-# (pods, Kubeflow, Ray, AppWrapper) are for kinds corral does not dispatch.
+# v0.19.2; the release is corral/model/versions.py's): its Workloads (written and
+# patched), the worker's ClusterQueues and LocalQueues (read), and each job kind only
+# when the fleet dispatches it. The script's other rules (pods, StatefulSets,
+# LeaderWorkerSets, Kubeflow, Ray, AppWrapper) are for kinds corral does not dispatch.
 KUEUE_RULES: tuple[dict, ...] = (
-    {"apiGroups": [KUEUE_GROUP], "resources": ["workloads"], "verbs": _WRITE},
+    {"apiGroups": [KUEUE_GROUP], "resources": ["workloads"], "verbs": [*_WRITE, "update", "patch"]},
+    {"apiGroups": [KUEUE_GROUP], "resources": ["clusterqueues", "localqueues"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": [KUEUE_GROUP], "resources": ["workloads/status"], "verbs": ["get", "patch", "update"]},
 )
 JOB_KIND_RULES: dict[str, tuple[dict, ...]] = {
@@ -196,9 +199,9 @@ def multikueue_objects(fleet: LoadedFleet) -> list[dict]:
     for worker in mk.workers:
         objects.append({
             "apiVersion": api, "kind": "MultiKueueCluster", "metadata": _meta(worker),
-            # kueue.x-k8s.io/v1beta1 at the pinned release: spec.kubeConfig (a later
-            # release's v1beta2 moved it under spec.clusterSource).
-            "spec": {"kubeConfig": {"locationType": "Secret", "location": manager_secret_name(worker)}},
+            # v1beta2: the kubeconfig under spec.clusterSource (v1beta1 had spec.kubeConfig).
+            "spec": {"clusterSource": {"kubeConfig": {"locationType": "Secret",
+                                                      "location": manager_secret_name(worker)}}},
         })
     objects.append({"apiVersion": api, "kind": "MultiKueueConfig", "metadata": _meta(config_name(fleet)),
                     "spec": {"clusters": list(mk.workers)}})
@@ -238,7 +241,7 @@ def dispatching_queues(fleet: LoadedFleet) -> list[dict]:
                 if flavor_name in flavors:
                     needed_flavors.setdefault(flavor_name, flavor)
         # Quota only: no cohort to borrow from or lend to on the manager, where none of it runs.
-        queue["spec"].pop("cohort", None)
+        queue["spec"].pop("cohortName", None)
         queue["spec"]["resourceGroups"] = groups
         _require_admission_check(queue)
         queue["metadata"].setdefault("labels", {}).update(MANAGED_BY)
@@ -252,17 +255,15 @@ def dispatching_queues(fleet: LoadedFleet) -> list[dict]:
 def _require_admission_check(queue: dict) -> None:
     """The queue's workloads wait for the MultiKueue check before they are admitted.
 
-    `spec.admissionChecks`, as Kueue's multikueue-setup.yaml at the pinned
-    release writes it; the CRD says it "cannot be used in conjunction with"
-    `admissionChecksStrategy`, so a queue with a strategy is an error here.
+    `spec.admissionChecksStrategy.admissionChecks`, as Kueue's multikueue-setup.yaml
+    at the pinned release writes it (v1beta2 dropped v1beta1's plain
+    `spec.admissionChecks` list). A rule without `onFlavors` holds for every flavor;
+    a queue that already names the check keeps its rule.
     """
-    spec = queue["spec"]
-    if spec.get("admissionChecksStrategy"):
-        raise ManifestError(f"ClusterQueue {queue['metadata']['name']} has an admissionChecksStrategy; "
-                            "MultiKueue's check cannot be added beside it")
-    checks = spec.setdefault("admissionChecks", [])
-    if ADMISSION_CHECK not in checks:
-        checks.append(ADMISSION_CHECK)
+    strategy = queue["spec"].setdefault("admissionChecksStrategy", {})
+    rules = strategy.setdefault("admissionChecks", [])
+    if not any(rule.get("name") == ADMISSION_CHECK for rule in rules):
+        rules.append({"name": ADMISSION_CHECK})
 
 
 def _manager_flavor(worker_flavor: dict) -> dict:
@@ -291,20 +292,19 @@ def worker_objects(fleet: LoadedFleet, worker: str) -> list[dict]:
 
 
 def kueue_config(fleet: LoadedFleet) -> dict:
-    """The `multiKueue` section of the manager's Kueue Configuration (config.kueue.x-k8s.io/v1beta1).
+    """The `multiKueue` section of the manager's Kueue Configuration (config.kueue.x-k8s.io/v1beta2).
 
     origin: the label value Kueue puts on what it creates on workers, so its
-    garbage collector deletes only this manager's leftovers (apis/config/v1beta1/
+    garbage collector deletes only this manager's leftovers (apis/config/v1beta2/
     configuration_types.go, MultiKueue.Origin; default "multikueue"); workerLostTimeout:
     only when the fleet file sets it (defaults.go: DefaultMultiKueueWorkerLostTimeout
-    = 15 * time.Minute, v0.12.10).
+    = 15 * time.Minute, v0.19.2).
 
-    No feature gate: MultiKueue is beta and on by default since Kueue 0.9, and
-    MultiKueueBatchJobWithManagedBy (alpha, off at the pinned release) must stay
-    off while the manager's Kubernetes has its JobManagedBy gate off, as 1.30 and
-    1.31 do by default: "you should make sure MultiKueueBatchJobWithManagedBy is
-    also disabled in Kueue" (pkg/features/kube_features.go and site/content/en/
-    docs/tasks/run/multikueue/job.md, v0.12.10 and v0.14.0).
+    No feature gate: MultiKueue is beta and on by default since Kueue 0.9; the
+    MultiKueueBatchJobWithManagedBy gate of earlier releases is gone at v0.19.2, and
+    the Job's managedBy it relied on is GA in Kubernetes 1.35 (JobManagedBy, locked
+    on: pkg/features/kube_features.go of k8s.io/kubernetes v1.37.2), the oldest
+    minor corral supports.
     """
     section = {"origin": config_name(fleet)}
     if fleet.spec.multi_kueue.worker_lost_timeout:

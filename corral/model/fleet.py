@@ -38,12 +38,12 @@ from .schema import Cluster, Description, Name, Spec, Team, shown
 FLEET_FILE = "fleet.yaml"
 FLEET_KIND = "Fleet"
 
-# MultiKueueConfig.spec.clusters holds 1-10 names (minItems 1, maxItems 10 in the pinned
-# CRD, tests/manifests/kueue_crds/v0.12.10/kueue.x-k8s.io_multikueueconfigs.yaml).
-MAX_WORKERS = 10
+# MultiKueueConfig.spec.clusters holds 1-20 names (minItems 1, maxItems 20 in the pinned
+# CRD, tests/manifests/kueue_crds/v0.19.2/kueue.x-k8s.io_multikueueconfigs.yaml; 10 at v0.12.10).
+MAX_WORKERS = 20
 
 # Go's time.ParseDuration units, as metav1.Duration reads `workerLostTimeout`
-# (kueue apis/config/v1beta1/configuration_types.go, MultiKueue.WorkerLostTimeout, v0.12.10).
+# (kueue apis/config/v1beta2/configuration_types.go, MultiKueue.WorkerLostTimeout, v0.19.2).
 _GO_DURATION = re.compile(r"([0-9]+(\.[0-9]+)?(h|m|s|ms))+\Z")
 
 
@@ -238,8 +238,8 @@ def check_fleet_file(spec: FleetFile, fleet: Fleet, clusters_dir: Path) -> Itera
         if worker == mk.manager:
             # Kueue: "We do not currently support running the manager cluster
             # as one of the workers for itself" (site/content/en/docs/concepts/
-            # multikueue.md, Limitations, written down in v0.17 and true of the
-            # pinned v0.12.10: the remote Workload would be the local one, same
+            # multikueue.md, Limitations, written down in v0.17 and still there
+            # at the pinned v0.19.2: the remote Workload would be the local one, same
             # namespace and name on the same API server).
             yield where, (f"{shown(worker)} is the manager: Kueue does not support a manager that is a worker "
                           "of itself (Kueue docs, MultiKueue, Limitations); jobs meant to run on the manager "

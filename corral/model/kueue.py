@@ -51,7 +51,7 @@ class Kueue(BaseModel):
         "one (the unreserved GPUs), all in one cohort. Default false.",
     )
     cohort: CohortName = Field("corral", description="The cohort every ClusterQueue is in; default corral.")
-    # Kueue v1beta1 ClusterQueuePreemption (apis/kueue/v1beta1/clusterqueue_types.go at v0.12.10):
+    # Kueue v1beta2 ClusterQueuePreemption (apis/kueue/v1beta2/clusterqueue_types.go at v0.19.2):
     # reclaimWithinCohort Never|LowerPriority|Any, borrowWithinCohort.policy Never|LowerPriority.
     reclaim_within_cohort: Literal["Never", "LowerPriority", "Any"] = Field(
         "Any",
@@ -81,7 +81,7 @@ class Kueue(BaseModel):
 
     @model_validator(mode="after")
     def _preemption_fits(self) -> Kueue:
-        # Kueue's own CEL rule on ClusterQueue.spec.preemption (the CRD at v0.12.10):
+        # Kueue's own CEL rule on ClusterQueue.spec.preemption (the CRD at v0.19.2):
         # reclaimWithinCohort Never with a borrowWithinCohort policy other than Never is refused.
         if self.reclaim_within_cohort == "Never" and self.borrow_within_cohort != "Never":
             raise ValueError("borrowWithinCohort LowerPriority needs reclaimWithinCohort LowerPriority or Any")

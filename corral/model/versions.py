@@ -406,15 +406,21 @@ RDMA_SHARED_DEVICE_PLUGIN = Pin("ghcr.io/mellanox/k8s-rdma-shared-dev-plugin:v1.
 PROMETHEUS = Pin("quay.io/prometheus/prometheus:v2.55.1", "github.com/prometheus/prometheus releases")
 NODE_EXPORTER = Pin("quay.io/prometheus/node-exporter:v1.8.2", "github.com/prometheus/node_exporter releases")
 GRAFANA = Pin("docker.io/grafana/grafana:11.3.1", "github.com/grafana/grafana releases")
-# Kueue (issue 29; docs/scheduling.md): the last v0.12 patch, the newest minor whose end-to-end tests
-# ran on both of the example clusters' minors, 1.30 and 1.31 (v0.13 drops 1.30). Its images are promoted
-# to registry.k8s.io/kueue/kueue:<tag> (.github/ISSUE_TEMPLATE/NEW_RELEASE.md).
-KUEUE = Pin("registry.k8s.io/kueue/kueue:v0.12.10",
-            "kubernetes-sigs/kueue README.md at v0.12.10: \"E2E Tests for Kubernetes 1.30, 1.31, 1.32\"")
+# Kueue (issue 29; docs/scheduling.md): v0.19.2, the newest release the Go module proxy serves here
+# (v0.18.2 and v0.19.0 too; v0.16.0, v0.17.1+ and v0.18.0 refused) and the newest tag of
+# kubernetes-sigs/kueue read (v0.20.0-devel is main). Its end-to-end suites run on Kubernetes 1.34,
+# 1.35 and 1.36 (README.md at the tag); 1.37 is not in them yet, though the release requires only
+# "Kubernetes 1.29 or newer" (same README). Its objects are on v1beta2, the storage version of every
+# CRD at the tag; v1beta1, still served there, is not served from v0.20. Its images are promoted to
+# registry.k8s.io/kueue/kueue:<tag> (.github/ISSUE_TEMPLATE/NEW_RELEASE.md); scripts/build-kueue
+# builds the same manager from the module for the kube tier.
+KUEUE = Pin("registry.k8s.io/kueue/kueue:v0.19.2",
+            "kubernetes-sigs/kueue README.md at v0.19.2: E2E baseline suites for Kubernetes 1.34, 1.35, 1.36")
 # Its Helm chart, oci://registry.k8s.io/kueue/charts/kueue, is versioned as the tag without its "v";
 # tests/infra/test_kueue_chart.py holds the two together.
-KUEUE_CHART_VERSION = Pin("0.12.10", "kubernetes-sigs/kueue site/hugo.toml at v0.12.10 (chart_version); the "
-                          "installation page's `helm install ... --version`")
+KUEUE_CHART_VERSION = Pin("0.19.2", "kubernetes-sigs/kueue site/hugo.toml at v0.19.2 (chart_version); "
+                          "charts/kueue/Chart.yaml version 0.19.2; the installation page's `helm install ... "
+                          "--version` (site/content/en/docs/getting-started/installation.md)")
 # The NVIDIA container toolkit on GPU hosts (the container_runtime role's default; a test keeps them
 # equal). Its four packages share the version (packaging/debian/control).
 NVIDIA_CONTAINER_TOOLKIT = Pin("1.20.2", "github.com/NVIDIA/nvidia-container-toolkit v1.20.2 (the Go module proxy's "

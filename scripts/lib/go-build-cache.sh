@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# The cache protocol shared by scripts/build-kube and scripts/build-runtime:
+# The cache protocol shared by scripts/build-kube, scripts/build-runtime and scripts/build-kueue:
 # one directory per key under a cache root, published by one rename, builders
 # of one key serialized on a flock. Sourced, not run. See docs/kube-build.md.
 #

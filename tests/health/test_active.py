@@ -17,6 +17,7 @@ from corral.health import addon, classify
 from corral.model.schema import PREFLIGHT_TAINT_KEY, UNHEALTHY_TAINT_KEY
 
 from .conftest import FAKE_BIN, cluster
+from .nccl_output import all_reduce_perf
 
 FAKE_HOST_BIN = FAKE_BIN.parent / "fake_host_bin"
 H100 = "NVIDIA H100 80GB HBM3"
@@ -69,11 +70,13 @@ def diag(fail_gpu=None):
 
 
 @pytest.mark.parametrize(("dcgm", "nccl", "minimum", "message"), [
-    ((0, diag()), (0, "# Avg bus bandwidth    : 190.5\n"), 150.0, None),
+    ((0, diag()), (0, all_reduce_perf(190.5)), 150.0, None),
     (None, None, None, None),                                   # nothing installed: nothing to say
     ((226, diag(fail_gpu=1)), None, None, "dcgmi diag: Memory on GPU 1"),
     ((3, "Error: unable to connect to the host engine"), None, None, "dcgmi diag exit 3"),
-    (None, (0, "# Avg bus bandwidth    : 90.25\n"), 150.0, "bus bandwidth 90.25 GB/s, expected at least 150"),
+    (None, (0, all_reduce_perf(90.25)), 150.0, "bus bandwidth 90.25 GB/s, expected at least 150"),
+    # In place is what counts: a fast out-of-place half does not lift a slow in-place one.
+    (None, (0, all_reduce_perf(90.25, out_of_place=250.0)), 150.0, "bus bandwidth 90.25 GB/s"),
     (None, (1, "NCCL WARN Cuda failure 'out of memory'"), None, "all_reduce_perf exit 1"),
 ])
 def test_active_check_verdicts(dcgm, nccl, minimum, message):

@@ -22,6 +22,7 @@ from corral.model.loader import load_cluster
 from corral.model.schema import PREFLIGHT_TAINT_KEY, UNHEALTHY_TAINT_KEY
 
 from .conftest import ROOT, cluster
+from .nccl_output import all_reduce_perf
 from .test_active import fake_api, gpu_node, host_calls, node_env  # noqa: F401  (node_env: a fixture)
 
 H100_POOL = {"gpu_model": "H100", "gpu_count": 8, "burn_in": {"baseline_gbps": 466.35, "min_bus_gbps": None}}
@@ -34,9 +35,9 @@ def dcgm_report(fail_gpu: int | None = None) -> str:
         {"category": "Hardware", "tests": [{"name": "Memory", "results": results}]}]}})
 
 
-def nccl_output(busbw: float, wrong: int = 0) -> str:
-    return (f"# Out of bounds values : {wrong} {'OK' if not wrong else 'FAILED'}\n"
-            f"# Avg bus bandwidth    : {busbw:g}\n")
+def nccl_output(busbw: float, wrong: int = 0, out_of_place: float | None = None) -> str:
+    """all_reduce_perf's output with `busbw` GB/s in place at 1 GiB (tests/health/nccl_output.py)."""
+    return all_reduce_perf(busbw, out_of_place, wrong)
 
 
 # --- the table -------------------------------------------------------------------
@@ -191,6 +192,12 @@ def test_a_zero_floor_requires_only_a_clean_run(diag, nccl, result, detail):
     ((0, dcgm_report()), (124, ""), H100_POOL, "failed", "all_reduce_perf did not finish in time"),
     ((0, dcgm_report()), (0, nccl_output(455.0, wrong=12)), H100_POOL, "failed", "12 wrong values"),
     ((0, dcgm_report()), (0, "# Avg bus bandwidth    : 455.0\n"), H100_POOL, "failed", "no result summary"),
+    # The baseline is in place: a fast out-of-place half (whose mean with it, the summary's "Avg bus
+    # bandwidth", is 97% of the baseline) does not carry a slow in-place one over the line.
+    ((0, dcgm_report()), (0, nccl_output(413.6, out_of_place=490.0)), H100_POOL, "failed",
+     "413.6 GB/s, 88.7% of the H100 baseline 466.35 GB/s, needs 90%"),
+    ((0, dcgm_report()), (0, "# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 455.0\n"), H100_POOL,
+     "failed", "no in-place bus bandwidth for 1073741824 bytes"),
     ((0, dcgm_report()), (1, "NCCL WARN Cuda failure"), H100_POOL, "failed", "all_reduce_perf exit 1"),
     ((0, dcgm_report()), (0, nccl_output(30.0)),
      {"gpu_model": "L40S", "gpu_count": 8, "burn_in": {"baseline_gbps": None, "min_bus_gbps": None}},

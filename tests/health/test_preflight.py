@@ -225,3 +225,55 @@ def test_script_end_to_end_against_fake_nvidia_smi(tmp_path, jaguar):
 ])
 def test_the_gpu_model_is_a_whole_word_of_the_name(script, name, model, matches):
     assert script.model_matches(name, model) is matches
+
+
+# --- where the checks run: the host, or the health agent's container -------------------------
+
+FAKE_CONTAINER_BIN = FAKE_BIN.parent / "fake_container_bin"
+FAKE_HOST_BIN = FAKE_BIN.parent / "fake_host_bin"
+
+
+def test_only_cloud_pools_reach_the_host_through_its_namespaces():
+    """On-prem hosts run the preflight on the host (the gpu_preflight unit); a cloud pool's runs in
+    the health agent's container, whose pod has hostPID and is privileged (corral/health/addon.py)."""
+    from corral.health import addon
+
+    ibis, jaguar = cluster("ibis"), cluster("jaguar")
+    cloud = preflight.expectations(ibis, ibis.pool("gpu-a100"))
+    assert cloud["host_command"] == preflight.AGENT_HOST_COMMAND == addon.HOST_COMMAND
+    assert cloud["host_command"][:3] == ["nsenter", "--target", "1"] and cloud["host_command"][-1] == "--"
+    assert preflight.expectations(jaguar, jaguar.pool("gpu-h100-sf1"))["host_command"] == []
+
+
+@pytest.mark.parametrize("unit_state", ["active", "failed"])
+def test_a_cloud_nvswitch_pools_fabric_manager_is_asked_of_the_hosts_systemd(tmp_path, unit_state):
+    """The agent's container (python:slim) has no systemctl: asking it there said "not installed" on
+    every cloud NVSwitch node (ibis gpu-a100), so none ever passed. The host's systemd answers now.
+
+    The container is a PATH with nvidia-smi and nsenter only; entering PID 1's namespaces is faked
+    (fake_container_bin/nsenter: a test process may not enter PID 1's), and the host is a PATH with
+    systemctl (fake_host_bin)."""
+    ibis = cluster("ibis")
+    expected = dict(preflight.expectations(ibis, ibis.pool("gpu-a100")), burn=False)
+    assert expected["fabric_manager"] is True
+    script_path = tmp_path / "gpu-preflight"
+    script_path.write_text(preflight.render(expected))
+    gpus = tmp_path / "gpus.json"
+    gpus.write_text(json.dumps({"gpus": [_gpu(i, name="NVIDIA A100-SXM4-80GB") for i in range(8)]}))
+    log = tmp_path / "nsenter.log"
+    env = {"PATH": f"{FAKE_CONTAINER_BIN}:/usr/local/bin:/usr/bin:/bin", "FAKE_GPUS": str(gpus),
+           "FAKE_UNIT_STATE": unit_state, "FAKE_NSENTER_LOG": str(log),
+           "FAKE_HOST_PATH": f"{FAKE_HOST_BIN}:/usr/bin:/bin", "FAKE_HOST_LOG": str(tmp_path / "host.log")}
+    verdict_path = tmp_path / "preflight.json"
+    proc = subprocess.run([sys.executable, str(script_path), "--verdict", str(verdict_path)],
+                          capture_output=True, text=True, env=env, timeout=60)
+    verdict = json.loads(verdict_path.read_text())
+    fabric = next(c for c in verdict["checks"] if c["check"] == "fabric-manager")
+    if unit_state == "active":
+        assert fabric["status"] == "pass", fabric
+        assert proc.returncode == 0 and verdict["passed"], (proc.stdout, proc.stderr)
+    else:
+        assert fabric["reason"] == "FabricManagerInactive" and "nvidia-fabricmanager is failed" in fabric["message"]
+        assert proc.returncode == 1
+    assert log.read_text().splitlines() == [
+        " ".join(["nsenter", *preflight.AGENT_HOST_COMMAND[1:], "systemctl", "is-active", "nvidia-fabricmanager"])]

@@ -73,7 +73,7 @@ def test_the_managers_plan_applies_the_multikueue_objects(plans):
     assert objects[f"MultiKueueConfig/{FLEET_NAME}"]["spec"]["clusters"] == ["jaguar", "ibis"]
     # The dispatched team's queue is the fleet's (the MultiKueue check, the workers' quota), not the add-on's.
     robotics = objects["ClusterQueue/team-robotics"]
-    assert robotics["spec"]["admissionChecks"] == ["corral-multikueue"]
+    assert robotics["spec"]["admissionChecksStrategy"] == {"admissionChecks": [{"name": "corral-multikueue"}]}
     assert "cohort" not in robotics["spec"]
     # Flavors of the workers' quota the manager itself lacks, for quota only.
     assert objects["ResourceFlavor/h100-robotics"]["spec"] == {}

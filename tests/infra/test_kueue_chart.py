@@ -1,7 +1,7 @@
 """`pulumi up` installs Kueue itself from its Helm chart at the pinned release (issue 29 item 1).
 
-Kueue's installation page at v0.12.10 (site/content/en/docs/installation/_index.md, "Install by
-Helm"): `helm install kueue oci://registry.k8s.io/kueue/charts/kueue --version=0.12.10
+Kueue's installation page at v0.19.2 (site/content/en/docs/getting-started/installation.md, "Install by
+Helm"): `helm install kueue oci://registry.k8s.io/kueue/charts/kueue --version=0.19.2
 --namespace kueue-system`. The chart's values are charts/kueue/values.yaml at that tag.
 """
 
@@ -37,7 +37,7 @@ def test_the_chart_version_and_the_image_are_the_pinned_release():
         "oci://registry.k8s.io/kueue/charts/kueue", versions.KUEUE_CHART_VERSION, "kueue-system")
     image = installed.values["controllerManager"]["manager"]["image"]
     # Not the chart's default staging repository (values.yaml at the tag): the promoted, pinned image.
-    assert (image["repository"], image["tag"]) == (repository, tag) == ("registry.k8s.io/kueue/kueue", "v0.12.10")
+    assert (image["repository"], image["tag"]) == (repository, tag) == ("registry.k8s.io/kueue/kueue", "v0.19.2")
 
 
 def test_the_plan_installs_the_chart_with_the_cluster_files_configuration():
@@ -54,8 +54,8 @@ def test_the_plan_installs_the_chart_with_the_cluster_files_configuration():
     assert inputs["values"] == kueue.chart_values(cluster, section)
     config = _config(inputs["values"])
     assert config["multiKueue"] == section
-    assert config["waitForPodsReady"]["enable"] is True
-    assert config["featureGates"] == {"TopologyAwareScheduling": True}
+    assert config["waitForPodsReady"]["timeout"] == f"{cluster.scheduling.kueue.wait_for_pods_ready_minutes}m"
+    assert "featureGates" not in config
     assert config["resources"]["excludeResourcePrefixes"] == list(kueue.EXCLUDED_RESOURCE_PREFIXES)
 
 

@@ -1,8 +1,8 @@
-"""The Go build scripts' cache (scripts/lib/go-build-cache.sh, shared by scripts/build-kube and
-scripts/build-runtime): builders racing on an empty cache publish one entry, a published entry
-is a lookup, and a machine without Go is told so with exit 3. Run with scripts/build-runtime,
-the quicker of the two (its first build on this machine: about a minute; with Go's build cache
-warm, seconds)."""
+"""The Go build scripts' cache (scripts/lib/go-build-cache.sh, shared by scripts/build-kube,
+scripts/build-runtime and scripts/build-kueue): builders racing on an empty cache publish one
+entry, a published entry is a lookup, and a machine without Go is told so with exit 3 (every
+script). The race runs scripts/build-runtime, the quickest (its first build on this machine:
+about a minute; with Go's build cache warm, seconds)."""
 
 from __future__ import annotations
 
@@ -52,12 +52,14 @@ def test_racing_builders_publish_one_entry_and_a_second_run_is_a_lookup(go, tmp_
     assert time.monotonic() - started < 10
 
 
-def test_a_machine_without_go_is_told_so(go, tmp_path):
+@pytest.mark.parametrize(("script", "cache_env"), [
+    ("build-runtime", "CORRAL_RUNTIME_CACHE"), ("build-kueue", "CORRAL_KUEUE_CACHE"), ("build-kube", "CORRAL_KUBE_CACHE")])
+def test_a_machine_without_go_is_told_so(go, tmp_path, script, cache_env):
     bare = tmp_path / "bin"
     bare.mkdir()
     for tool in ("bash", "flock", "sha256sum", "dirname", "cut", "tr", "mkdir"):
         (bare / tool).symlink_to(shutil.which(tool))
-    run = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=60,
-                         env={"PATH": str(bare), "HOME": str(tmp_path), "CORRAL_RUNTIME_CACHE": str(tmp_path / "c")})
+    run = subprocess.run(["bash", str(gobuild.ROOT / "scripts" / script)], capture_output=True, text=True, timeout=60,
+                         env={"PATH": str(bare), "HOME": str(tmp_path), cache_env: str(tmp_path / "c")})
     assert run.returncode == gobuild.NO_GO
-    assert "build-runtime: go is not on PATH" in run.stderr
+    assert f"{script}: go is not on PATH" in run.stderr

@@ -37,7 +37,7 @@ from ruamel.yaml import YAML
 from corral.util import write_atomic
 
 # Kueue's release the add-on pins (corral/manifests/versions.py KUEUE); a test checks the two agree.
-KUEUE_RELEASE = "v0.12.10"
+KUEUE_RELEASE = "v0.19.2"
 CRD_ROOT = Path(__file__).resolve().parent / "kueue_crds"
 CRD_DIR = CRD_ROOT / KUEUE_RELEASE
 UPSTREAM_REPO = "kubernetes-sigs/kueue"

@@ -1,5 +1,5 @@
 """The Kueue add-on (issue 29, items 1, 2 and 5): every object valid against Kueue
-v0.12.10's own CRDs and their CEL rules, quotas that add up to the cluster file,
+v0.19.2's own CRDs and their CEL rules, quotas that add up to the cluster file,
 topology levels per provider, and team flavors the placement policy admits."""
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def test_queues_reach_each_other_only_through_the_cohort(name):
     cluster = FLEET.clusters[name]
     objects = kueue_objects(cluster)
     queues = of_kind(objects, "ClusterQueue")
-    assert {q["spec"]["cohort"] for q in queues.values()} == {"corral"}
+    assert {q["spec"]["cohortName"] for q in queues.values()} == {"corral"}
     for team in cluster.scheduling.teams:
         spec = queues[f"team-{team.name}"]["spec"]
         # Only the team's namespaces may use its queue: another namespace's LocalQueue would be inactive.
@@ -136,9 +136,11 @@ def test_the_manager_config_waits_for_whole_gangs_and_enables_topology():
     assert of_kind(objects, "ConfigMap") == {}
     values = kueue.chart(FLEET.clusters["jaguar"]).values
     config = YAML(typ="safe", pure=True).load(values["managerConfig"]["controllerManagerConfigYaml"])
-    assert config["waitForPodsReady"]["enable"] is True
+    # v1beta2: the section's presence turns it on (no `enable`); TAS is on by default (no gate).
+    assert "enable" not in config["waitForPodsReady"]
     assert config["waitForPodsReady"]["timeout"] == "15m"        # jaguar's waitForPodsReadyMinutes
-    assert config["featureGates"] == {"TopologyAwareScheduling": True}
+    assert "featureGates" not in config
+    assert config["apiVersion"] == "config.kueue.x-k8s.io/v1beta2"
     assert "cpu" in config["resources"]["excludeResourcePrefixes"]
     namespace = of_kind(objects, "Namespace")["kueue-system"]
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
@@ -221,7 +223,7 @@ def test_rendered_queues_of_any_quota_validate(fleet):
         if not queue.flavors:
             continue
         obj = {"apiVersion": kueue.KUEUE_API, "kind": "ClusterQueue", "metadata": {"name": queue.name},
-               "spec": {"cohort": "corral", "resourceGroups": [{"coveredResources": [kueue.GPU_RESOURCE],
+               "spec": {"cohortName": "corral", "resourceGroups": [{"coveredResources": [kueue.GPU_RESOURCE],
                         "flavors": [kueue._flavor_resources(f) for f in queue.flavors]}]}}
         assert validate_kueue_object(obj) == []
 
@@ -288,7 +290,7 @@ def test_corral_manifests_shows_the_kueue_chart_it_does_not_apply(tmp_path):
 
 @pytest.mark.parametrize("name", ["heron", "ibis"])
 def test_cloud_flavors_are_placed_by_quota_not_by_a_topology_kueue_could_never_fill(name):
-    # At v0.12 a topology flavor admits only onto nodes that exist and carry every level: a cloud
+    # A topology flavor (v0.12 to v0.19.2) admits only onto nodes that exist and carry every level: a cloud
     # pool at size 0 (heron's gpu-a10g, every ibis GPU pool) would never admit, and the autoscaler
     # never sees a pod to scale up for.
     flavors = of_kind(kueue_objects(FLEET.clusters[name]), "ResourceFlavor")

@@ -15,15 +15,15 @@ from .kueue_schema import (
     validate_kueue_object,
 )
 
-V1BETA1 = "kueue.x-k8s.io/v1beta1"
+V1BETA2 = "kueue.x-k8s.io/v1beta2"
 
 
 def flavor(**spec) -> dict:
-    return {"apiVersion": V1BETA1, "kind": "ResourceFlavor", "metadata": {"name": "h100"}, "spec": spec}
+    return {"apiVersion": V1BETA2, "kind": "ResourceFlavor", "metadata": {"name": "h100"}, "spec": spec}
 
 
 def queue(**spec) -> dict:
-    return {"apiVersion": V1BETA1, "kind": "ClusterQueue", "metadata": {"name": "robotics"}, "spec": spec}
+    return {"apiVersion": V1BETA2, "kind": "ClusterQueue", "metadata": {"name": "robotics"}, "spec": spec}
 
 
 GPU_GROUP = {"coveredResources": ["nvidia.com/gpu"],
@@ -33,8 +33,8 @@ GPU_GROUP = {"coveredResources": ["nvidia.com/gpu"],
 def test_the_pinned_crds_are_kueues_own_files():
     assert {p.name for p in CRD_DIR.glob("*.yaml")} == set(CRD_FILES)
     assert f"tag {KUEUE_RELEASE} commit " in (CRD_DIR / "SOURCE").read_text()
-    assert ("kueue.x-k8s.io/v1alpha1", "Topology") in schemas()
-    assert (V1BETA1, "ClusterQueue") in schemas() and (V1BETA1, "MultiKueueCluster") in schemas()
+    assert (V1BETA2, "Topology") in schemas()
+    assert (V1BETA2, "ClusterQueue") in schemas() and (V1BETA2, "MultiKueueCluster") in schemas()
 
 
 def test_every_cel_rule_of_the_pinned_crds_compiles_in_cel_python():
@@ -50,21 +50,23 @@ def test_every_cel_rule_of_the_pinned_crds_compiles_in_cel_python():
 
 
 def test_a_valid_object_passes():
-    assert validate_kueue_object(queue(cohort="corral", resourceGroups=[GPU_GROUP])) == []
+    assert validate_kueue_object(queue(cohortName="corral", resourceGroups=[GPU_GROUP])) == []
     assert validate_kueue_object(flavor(nodeLabels={"corral.dev/gpu-model": "H100"})) == []
 
 
 @pytest.mark.parametrize(("obj", "problem"), [
-    (queue(cohort="corral", resourceGroup=[GPU_GROUP]), ".spec.resourceGroup: unknown field"),
-    (queue(cohort="Corral!", resourceGroups=[GPU_GROUP]), ".spec.cohort: 'Corral!' does not match"),
+    (queue(cohortName="corral", resourceGroup=[GPU_GROUP]), ".spec.resourceGroup: unknown field"),
+    (queue(cohortName="Corral!", resourceGroups=[GPU_GROUP]), ".spec.cohortName: 'Corral!' does not match"),
     (queue(resourceGroups=[{**GPU_GROUP, "flavors": [{"name": "h100", "resources": [
         {"name": "nvidia.com/gpu", "nominalQuota": "lots"}]}]}]), "nominalQuota: 'lots' does not match"),
     (queue(namespaceSelector="all"), ".spec.namespaceSelector: 'all' is not of type object"),
     (flavor(nodeLabels={f"l{i}": "x" for i in range(9)}), ".spec.nodeLabels: more than 8 properties"),
-    ({"apiVersion": V1BETA1, "kind": "LocalQueue", "metadata": {"name": "q", "namespace": "robotics"},
+    ({"apiVersion": V1BETA2, "kind": "LocalQueue", "metadata": {"name": "q", "namespace": "robotics"},
       "spec": {"clusterQueue": "Robotics"}}, ".spec.clusterQueue: 'Robotics' does not match"),
-    ({"apiVersion": "kueue.x-k8s.io/v1alpha1", "kind": "Topology", "metadata": {"name": "t"}},
-     ".: required field 'spec' is missing"),
+    ({"apiVersion": V1BETA2, "kind": "Topology", "metadata": {"name": "t"}, "spec": {"levels": []}},
+     ".spec.levels: fewer than 1 items"),
+    ({"apiVersion": V1BETA2, "kind": "AdmissionCheck", "metadata": {"name": "c"}, "spec": {}},
+     ".spec: required field 'controllerName' is missing"),
 ])
 def test_structural_errors_are_refused(obj, problem):
     found = validate_kueue_object(obj)
@@ -89,10 +91,10 @@ def test_structural_errors_are_refused(obj, problem):
     (flavor(nodeLabels={"a": "b"}, tolerations=[{"key": "k", "operator": "Exists", "value": "v"}]),
      "a value must be empty when 'operator' is 'Exists'"),
     # Topology: hostname only at the lowest level, levels unique.
-    ({"apiVersion": "kueue.x-k8s.io/v1alpha1", "kind": "Topology", "metadata": {"name": "t"},
+    ({"apiVersion": V1BETA2, "kind": "Topology", "metadata": {"name": "t"},
       "spec": {"levels": [{"nodeLabel": "kubernetes.io/hostname"}, {"nodeLabel": "corral.dev/rack"}]}},
      "the kubernetes.io/hostname label can only be used at the lowest level of topology"),
-    ({"apiVersion": "kueue.x-k8s.io/v1alpha1", "kind": "Topology", "metadata": {"name": "t"},
+    ({"apiVersion": V1BETA2, "kind": "Topology", "metadata": {"name": "t"},
       "spec": {"levels": [{"nodeLabel": "corral.dev/rack"}, {"nodeLabel": "corral.dev/rack"}]}},
      "must be unique"),
 ])
@@ -102,7 +104,7 @@ def test_cel_rules_are_evaluated(obj, problem):
 
 
 def test_transition_rules_run_only_on_updates():
-    topology = {"apiVersion": "kueue.x-k8s.io/v1alpha1", "kind": "Topology", "metadata": {"name": "t"},
+    topology = {"apiVersion": V1BETA2, "kind": "Topology", "metadata": {"name": "t"},
                 "spec": {"levels": [{"nodeLabel": "corral.dev/rack"}, {"nodeLabel": "kubernetes.io/hostname"}]}}
     changed = {**topology, "spec": {"levels": [{"nodeLabel": "kubernetes.io/hostname"}]}}
     assert validate_kueue_object(changed) == []
@@ -111,5 +113,5 @@ def test_transition_rules_run_only_on_updates():
 
 
 def test_an_unknown_kind_is_a_problem_not_a_pass():
-    found = validate_kueue_object({"apiVersion": V1BETA1, "kind": "Workload", "metadata": {"name": "w"}})
-    assert found and "no CRD for kueue.x-k8s.io/v1beta1 Workload" in found[0]
+    found = validate_kueue_object({"apiVersion": V1BETA2, "kind": "Workload", "metadata": {"name": "w"}})
+    assert found and "no CRD for kueue.x-k8s.io/v1beta2 Workload" in found[0]

@@ -53,10 +53,10 @@ def test_the_manager_multikueue_objects_validate_against_the_pinned_crds(tmp_pat
 
 def test_the_crd_check_would_catch_a_wrong_field(tmp_path):
     cluster = copy.deepcopy(multikueue_objects(fleet_of(tmp_path))[0])
-    cluster["spec"]["kubeConfig"]["locationType"] = "Vault"
+    cluster["spec"]["clusterSource"]["kubeConfig"]["locationType"] = "Vault"
     assert any("locationType" in p for p in validate_kueue_object(cluster))
     config = copy.deepcopy(multikueue_objects(fleet_of(tmp_path))[2])
-    config["spec"]["clusters"] = [f"w{i}" for i in range(11)]  # the pinned CRD: at most 10
+    config["spec"]["clusters"] = [f"w{i}" for i in range(21)]  # the pinned CRD: at most 20
     assert validate_kueue_object(config)
 
 
@@ -68,7 +68,7 @@ def test_the_check_names_the_config_which_names_every_worker_whose_secret_the_cr
     assert config["spec"]["clusters"] == ["jaguar", "ibis"] == [c["metadata"]["name"] for c in clusters]
     for cluster in clusters:
         # The Secret corral fleet multikueue-credentials writes on the manager (corral/certs/multikueue.py).
-        assert cluster["spec"]["kubeConfig"] == {"locationType": "Secret",
+        assert cluster["spec"]["clusterSource"]["kubeConfig"] == {"locationType": "Secret",
                                                  "location": manager_secret_name(cluster["metadata"]["name"])}
     assert (NAMESPACE, KUBECONFIG_KEY) == ("kueue-system", "kubeconfig")
 
@@ -160,8 +160,9 @@ def test_the_manager_queue_holds_the_workers_quota_and_waits_for_the_check(tmp_p
     fleet = loaded(tmp_path)
     queue = next(o for o in manager_objects(fleet) if o["kind"] == "ClusterQueue")
     assert queue["metadata"]["name"] == "team-robotics"
-    assert queue["spec"]["admissionChecks"] == [ADMISSION_CHECK]
-    assert "cohort" not in queue["spec"]
+    assert queue["spec"]["admissionChecksStrategy"] == {"admissionChecks": [{"name": ADMISSION_CHECK}]}
+    assert "admissionChecks" not in queue["spec"]          # v1beta1's field, gone in v1beta2
+    assert "cohortName" not in queue["spec"]
     # Each worker's own flavor for the team at its nominal quota (jaguar: 8 hosts x 8 H100;
     # ibis: up to 32 a2-highgpu-8g x 8 A100), the shared flavors (no nominal quota) left out.
     expected = {}
@@ -240,6 +241,6 @@ def test_the_managers_kueue_configuration_gets_the_multikueue_section_and_keeps_
     assert config.pop("multiKueue") == {"origin": "corral-research"}
     assert config == before
     # No feature gate for MultiKueue: beta and on at the pinned release; MultiKueueBatchJobWithManagedBy
-    # stays off (the manager's Kubernetes 1.30 has JobManagedBy off).
+    # is gone at v0.19.2 (the Job's managedBy is GA from Kubernetes 1.35).
     assert "MultiKueue" not in config.get("featureGates", {})
     assert "MultiKueueBatchJobWithManagedBy" not in config.get("featureGates", {})

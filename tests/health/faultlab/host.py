@@ -30,6 +30,7 @@ from types import SimpleNamespace
 
 from ..detectlab import PCI, XID_TEXT, DetectionLab
 from ..loadsim import H100
+from ..nccl_output import all_reduce_perf
 
 # The GPU a fault lands on (the lab's faults hit one GPU of eight).
 FAULTY_GPU = 3
@@ -228,8 +229,7 @@ class SimulatedGpuHost:
             if not baseline:
                 return 1, "all_reduce_perf: the lab's pool has no published baseline to perform at\n"
             busbw = baseline * (BROKEN_SHARE if self.broken else HEALTHY_SHARE)
-            return 0, (f"#  Rank  0 Group  0 Pid 4242 on {self.name} device  0 [0x18] {H100}\n"
-                       f"# Out of bounds values : 0 OK\n# Avg bus bandwidth    : {busbw:.3f}\n")
+            return 0, all_reduce_perf(round(busbw, 3), device=H100)
         return None
 
 
