@@ -55,6 +55,7 @@ XID_CATALOG: dict[int, tuple[str, str, str]] = {
     45: ("Preemptive cleanup, due to previous errors", "WORKFLOW_XID_45", "IGNORE (follow other Xid)"),
     46: ("GPU stopped processing", "RESET_GPU", "CONTACT_SUPPORT"),
     48: ("Double Bit ECC Error", "WORKFLOW_XID_48", "WORKFLOW_XID_48"),
+    54: ("Auxiliary power is not connected to the GPU board", "CHECK_MECHANICALS", "CONTACT_SUPPORT"),
     61: ("Unused (Ampere and later)", "CONTACT_SUPPORT", ""),
     62: ("Internal micro-controller halt", "RESET_GPU", "CONTACT_SUPPORT"),
     63: ("GPU memory remapping event", "IGNORE", "IGNORE"),
@@ -71,6 +72,7 @@ XID_CATALOG: dict[int, tuple[str, str, str]] = {
     136: ("Link Training Failed", "RESET_GPU", "INVESTIGATE_LINK_SI"),
     140: ("ECC Unrecovered Error", "RESET_GPU", "CONTACT_SUPPORT"),
     143: ("GPU Initialization Error", "RESET_GPU", "CONTACT_SUPPORT"),
+    154: ("GPU Recovery Action Changed", "XID_154", "N/A Informational only regarding another Xid"),
     155: ("NVLINK: SW Defined Error", "RESET_GPU", "INVESTIGATE_SW_USER"),
     156: ("Resource Retirement Event", "RESET_GPU", "IGNORE"),
     158: ("GPU Fatal Timeout", "RESET_GPU", "CONTACT_SUPPORT"),
@@ -83,6 +85,23 @@ XID_CATALOG: dict[int, tuple[str, str, str]] = {
 # on the GPU are lost: corral's fatal severity.
 NODE_RESTART_ACTIONS = frozenset({"RESTART_BM"})
 GPU_RESET_ACTIONS = frozenset({"RESET_GPU", "WORKFLOW_XID_48", "WORKFLOW_NVLINK_ERR"})
+# CHECK_MECHANICALS (Xid 54, the board's auxiliary power: its mnemonic SILENT_RUNNING_PWR_REDUCED_CLOCKING,
+# the GPU runs throttled): a person at the machine. No new work, and neither a reset nor a reboot
+# reconnects a cable, so none is attempted: the node waits for hands (corral's "hardware" class).
+HARDWARE_ACTIONS = frozenset({"CHECK_MECHANICALS"})
+# Xid 154 (R555 and later) reports the recovery the driver now asks of a GPU, in its text: "GPU recovery
+# action changed from 0x0 (None) to 0x2 (Node Reboot Required)". The number is NVML's
+# nvmlDeviceGpuRecoveryAction_t (nvml.h: NONE 0, GPU_RESET 1, NODE_REBOOT 2, DRAIN_P2P 3,
+# DRAIN_AND_RESET 4, GPU_RESET_BUS 5); the words differ between drivers ("OS Reboot"), the number does
+# not. The catalog's resolution is "XID_154": follow it. So 154's severity is read from its text
+# (recovery_action_severity); corral carries out every action but "none" by reboot (a reboot clears
+# each of them, and corral does not drain P2P traffic itself).
+RECOVERY_ACTION_XID = 154
+RECOVERY_ACTION = re.compile(r"recovery action changed from 0x[0-9a-fA-F]+(?: \([^)]*\))? to 0x(?P<action>[0-9a-fA-F]+)")
+RECOVERY_ACTIONS = {0: "none", 1: "GPU reset", 2: "node reboot", 3: "drain P2P", 4: "drain and reset",
+                    5: "GPU reset (bus)"}
+# Drain actions leave the GPU's unaffected work running ("reduced capacity"): no new work, no eviction.
+DRAIN_RECOVERY_ACTIONS = frozenset({3, 4})
 # Where corral is stricter than the immediate action, and why (docs/gpu-health.md):
 # the running job may go on, but no new work until a reset (a remediation reboot).
 HELD_FOR_RESET_XIDS = {
@@ -98,10 +117,16 @@ APPLICATION_OVERRIDES = frozenset({109})
 
 
 def xid_class(code: int) -> str:
-    """`node-restart`, `gpu-reset`, `held` (no new work) or `application` (the job's own fault: not acted on)."""
+    """`node-restart`, `gpu-reset`, `recovery-action` (Xid 154: what its text asks), `held` (no new work
+    until a reset), `hardware` (no new work until a person fixes the machine) or `application` (the
+    job's own fault: not acted on)."""
     immediate = XID_CATALOG.get(code, ("", "", ""))[1]
     if code in APPLICATION_OVERRIDES:
         return "application"
+    if code == RECOVERY_ACTION_XID:
+        return "recovery-action"
+    if immediate in HARDWARE_ACTIONS:
+        return "hardware"
     if immediate in NODE_RESTART_ACTIONS:
         return "node-restart"
     if immediate in GPU_RESET_ACTIONS:
@@ -115,8 +140,8 @@ def catalog_xid_classes() -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(fatal, degraded) Xids by the catalog: the cluster file's defaults
     (corral.model.schema.DEFAULT_FATAL_XIDS / DEFAULT_DEGRADED_XIDS must equal them)."""
     classes = {code: xid_class(code) for code in XID_CATALOG}
-    fatal = tuple(sorted(c for c, k in classes.items() if k in ("node-restart", "gpu-reset")))
-    degraded = tuple(sorted(c for c, k in classes.items() if k == "held"))
+    fatal = tuple(sorted(c for c, k in classes.items() if k in ("node-restart", "gpu-reset", "recovery-action")))
+    degraded = tuple(sorted(c for c, k in classes.items() if k in ("held", "hardware")))
     return fatal, degraded
 
 
@@ -200,6 +225,12 @@ def reset_refusal(codes) -> str | None:
         if kind == "node-restart":
             refused.append(f"Xid {code} ({XID_CATALOG[code][0]}) needs a reboot: NVIDIA's catalog says "
                            f"{XID_CATALOG[code][1]}")
+        elif kind == "recovery-action":
+            refused.append(f"Xid {code} ({XID_CATALOG[code][0]}): the driver's recovery action is carried out "
+                           "by a reboot")
+        elif kind == "hardware":
+            refused.append(f"Xid {code} ({XID_CATALOG[code][0]}) needs a person at the machine: NVIDIA's catalog "
+                           f"says {XID_CATALOG[code][1]}; no reset or reboot reconnects it")
         elif kind == "unknown":
             refused.append(f"Xid {code} is not in NVIDIA's catalog: a reset is not known to clear it")
     return "; ".join(refused) or None
@@ -208,15 +239,32 @@ def reset_refusal(codes) -> str | None:
 def xid_faults(events: list[XidEvent], fatal: set[int], degraded: set[int]) -> list[Fault]:
     """One fault per Xid class seen, worst first; Xids in neither class are not faults."""
     faults = []
+    # Xid 154 says what recovery the GPU now needs; a change back to "none" is the recovery done.
+    events = [e for e in events if e.code != RECOVERY_ACTION_XID or recovery_action(e.text) != 0]
     for code in sorted({e.code for e in events}):
         if code not in fatal and code not in degraded:
             continue
         where = sorted({e.pci for e in events if e.code == code})
         sample = next(e.text for e in events if e.code == code)
         condition = NVLINK_CONDITION if code in NVLINK_XIDS else XID_CONDITION
-        faults.append(Fault(condition, f"Xid{code}", f"Xid {code} on {', '.join(where)}: {sample[:160]}",
-                            FATAL if code in fatal else DEGRADED))
+        severity = FATAL if code in fatal else DEGRADED
+        if code == RECOVERY_ACTION_XID and code in fatal:
+            severity = recovery_action_severity([e.text for e in events if e.code == code])
+        faults.append(Fault(condition, f"Xid{code}", f"Xid {code} on {', '.join(where)}: {sample[:160]}", severity))
     return sorted(faults, key=lambda f: f.severity != FATAL)
+
+
+def recovery_action(text: str) -> int | None:
+    """The NVML recovery action an Xid 154 line changes to, or None when the text does not say."""
+    match = RECOVERY_ACTION.search(text)
+    return int(match["action"], 16) if match else None
+
+
+def recovery_action_severity(texts: list[str]) -> str:
+    """Xid 154's severity, by the worst action its lines ask for: a drain leaves unaffected work
+    running (degraded); a reset, a reboot or an action not known or not read loses the GPU's work (fatal)."""
+    actions = {recovery_action(text) for text in texts}
+    return DEGRADED if actions and actions <= DRAIN_RECOVERY_ACTIONS else FATAL
 
 
 def pcie_faults(lines) -> list[Fault]:

@@ -818,10 +818,11 @@ class Roce(Spec):
 # model may not import the health package). Fatal: the catalog's immediate
 # action is a GPU reset or a power cycle, so the GPU's jobs are lost and pods
 # are evicted (NoExecute). Degraded: the job may go on, but no new work until
-# a reset (NoSchedule). Others (13, 31, 43, 45, 109: the job's own faults)
-# are counted, not acted on.
-DEFAULT_FATAL_XIDS = (46, 48, 62, 64, 74, 79, 95, 110, 119, 120, 136, 140, 143, 155, 156, 158)
-DEFAULT_DEGRADED_XIDS = (61, 63, 92, 94)
+# a reset (NoSchedule); 54 (auxiliary power) until a person fixes the machine.
+# Xid 154 is fatal unless its text asks only for a drain (classify.py). Others
+# (13, 31, 43, 45, 109: the job's own faults) are counted, not acted on.
+DEFAULT_FATAL_XIDS = (46, 48, 62, 64, 74, 79, 95, 110, 119, 120, 136, 140, 143, 154, 155, 156, 158)
+DEFAULT_DEGRADED_XIDS = (54, 61, 63, 92, 94)
 
 
 class Preflight(Spec):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from corral.health import classify as c
 from corral.model.schema import DEFAULT_DEGRADED_XIDS, DEFAULT_FATAL_XIDS
 
@@ -152,3 +154,37 @@ def test_a_record_a_process_wrote_into_the_kernel_log_is_not_a_fault():
     assert not c.fault_line(forged) and c.fault_line(real)
     assert c.kernel_lines([forged, real, "NVRM: Xid (0000:01:00): 48, saved dmesg line"]) == [
         real, "NVRM: Xid (0000:01:00): 48, saved dmesg line"]
+
+
+# --- Xid 54 (a person at the machine) and Xid 154 (the driver's recovery action) -----------
+
+
+def test_xid_54_holds_the_node_for_a_person_and_refuses_reset_and_reboot_alike():
+    line = "6,3001,99231,-;NVRM: Xid (PCI:0000:2b:00): 54, Auxiliary power is not connected to the GPU board"
+    faults = c.xid_faults(c.xid_events([line]), FATAL, DEGRADED)
+    assert [(f.reason, f.severity) for f in faults] == [("Xid54", c.DEGRADED)]     # no new work; jobs go on
+    assert c.xid_class(54) == "hardware" and 54 in DEFAULT_DEGRADED_XIDS
+    refusal = c.reset_refusal({54})
+    assert refusal and "CHECK_MECHANICALS" in refusal and "person" in refusal
+
+
+@pytest.mark.parametrize(("action", "severity"), [
+    ("0x1 (GPU Reset Required)", c.FATAL),
+    ("0x2 (Node Reboot Required)", c.FATAL),
+    ("0x2 (OS Reboot)", c.FATAL),                   # another driver's words for the same number
+    ("0x3 (Drain P2P)", c.DEGRADED),
+    ("0x4 (Drain and Reset)", c.DEGRADED),
+    ("0x5 (GPU Reset Bus)", c.FATAL),
+    ("0x9 (Something New)", c.FATAL),              # a number NVML did not have: the worst case
+])
+def test_xid_154_is_as_severe_as_the_recovery_it_asks_for(action, severity):
+    line = f"6,3002,99232,-;NVRM: Xid (PCI:0000:2b:00): 154, GPU recovery action changed from 0x0 (None) to {action}"
+    faults = c.xid_faults(c.xid_events([line]), FATAL, DEGRADED)
+    assert [(f.reason, f.severity) for f in faults] == [("Xid154", severity)]
+    assert "reboot" in c.reset_refusal({154})      # carried out by a reboot, whatever the action
+
+
+def test_xid_154_back_to_none_is_the_recovery_done_not_a_fault():
+    line = "6,3003,99233,-;NVRM: Xid (PCI:0000:2b:00): 154, GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)"
+    assert c.xid_faults(c.xid_events([line]), FATAL, DEGRADED) == []
+    assert c.xid_class(154) == "recovery-action" and 154 in DEFAULT_FATAL_XIDS
