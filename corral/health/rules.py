@@ -10,7 +10,7 @@ single truth, and Prometheus sees it whether or not the agent is alive.
 from __future__ import annotations
 
 from corral.health.classify import FAULT_CONDITIONS, PREFLIGHT_CONDITION
-from corral.model.schema import PREFLIGHT_TAINT_KEY, UNHEALTHY_TAINT_KEY
+from corral.model.schema import DEFAULT_DEGRADED_XIDS, DEFAULT_FATAL_XIDS, PREFLIGHT_TAINT_KEY, UNHEALTHY_TAINT_KEY
 
 # How long a node may sit behind the preflight taint before someone looks:
 # the burn takes about a minute, a cloud node's image pull a few more.
@@ -28,7 +28,11 @@ RESUME_HOW = ("kubectl -n corral-repair annotate configmap corral-repair-status 
 _POOL = "label_corral_dev_pool"
 
 
-def rule_groups() -> list[dict]:
+def rule_groups(acted_on_xids: tuple[int, ...] | list[int] | None = None) -> list[dict]:
+    """acted_on_xids: the Xids the cluster file's health.xid classes act on (fatal and degraded; default
+    the catalog's): GPUXidError alerts on those only, never on a job's own Xids (13, 31, 43, ...)."""
+    xids = sorted(set(acted_on_xids if acted_on_xids is not None else (*DEFAULT_FATAL_XIDS, *DEFAULT_DEGRADED_XIDS)))
+    xid_pattern = "|".join(str(x) for x in xids)
     unhealthy = f'max by (node, effect) (kube_node_spec_taint{{key="{UNHEALTHY_TAINT_KEY}"}})'
     pool_nodes = f'kube_node_labels{{label_corral_dev_gpu_model!=""}}'
     return [
@@ -110,12 +114,16 @@ def rule_groups() -> list[dict]:
                     },
                 },
                 {
-                    # XID errors are how the driver reports a failing GPU (dcgm-exporter).
+                    # Xid errors are how the driver reports a failing GPU. dcgm-exporter's
+                    # DCGM_EXP_XID_ERRORS_COUNT counts each Xid of the last window (5 minutes by
+                    # default: --xid-count-window-size, pkg/cmd/app.go), labelled `xid`; the old
+                    # DCGM_FI_DEV_XID_ERRORS is the LAST Xid and stays set, so a job's own Xid 13
+                    # alerted until the next Xid replaced it. Only the Xids the cluster acts on.
                     "alert": "GPUXidError",
-                    "expr": "max by (node, gpu, modelName) (DCGM_FI_DEV_XID_ERRORS) > 0",
-                    "for": "1m",
+                    "expr": f'max by (node, gpu, modelName, xid) (DCGM_EXP_XID_ERRORS_COUNT{{xid=~"{xid_pattern}"}}) > 0',
                     "labels": {"severity": "critical"},
-                    "annotations": {"summary": "GPU {{ $labels.gpu }} on {{ $labels.node }} reports XID {{ $value }}"},
+                    "annotations": {"summary": "GPU {{ $labels.gpu }} on {{ $labels.node }} reported Xid "
+                                               "{{ $labels.xid }} ({{ $value }} in the last window)"},
                 },
                 {
                     "alert": "GPUMemoryErrors",

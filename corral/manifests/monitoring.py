@@ -216,8 +216,11 @@ DCGM_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active."),
     ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor (HMMA) pipe is active."),
     ("DCGM_FI_PROF_DRAM_ACTIVE", "gauge", "Ratio of cycles the device memory interface is active."),
-    # Errors: GPUXidError and the GPU dashboard.
+    # Errors: the GPU dashboard's last Xid, and GPUXidError's count of each Xid in the
+    # last window (dcgm-exporter's own collector, labelled xid; commented upstream).
     ("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered."),
+    ("DCGM_EXP_XID_ERRORS_COUNT", "gauge",
+     "Count of XID Errors within user-specified time window (see xid-count-window-size param)."),
     # Throttling (commented upstream): a GPU held back by power or heat is a
     # slow node in a job of many.
     ("DCGM_FI_DEV_POWER_VIOLATION", "counter", "Throttling duration due to power constraints (in us)."),
@@ -348,7 +351,7 @@ ETCD_MEMBER_KEEP = (
 # expiry the API servers' node-exporters serve (corral/machine/cert_expiry.py: ~11
 # series per API server) for CertificateExpiringSoon.
 FEDERATED = (
-    "node:.+", "namespace:.+", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "node:.+", "namespace:.+", "DCGM_EXP_XID_ERRORS_COUNT", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
     "DCGM_FI_DEV_ROW_REMAP_FAILURE", "corral_certificate_expiry_timestamp_seconds",
 )
 
@@ -610,7 +613,7 @@ def shard_rule_groups(gpu: bool) -> list[dict]:
     return [{"name": "corral-shard", "interval": f"{RULE_INTERVAL_SECONDS}s", "rules": rules}]
 
 
-def global_rule_groups(gpu: bool) -> list[dict]:
+def global_rule_groups(gpu: bool, acted_on_xids: list[int] | None = None) -> list[dict]:
     running_pods_on_nodes = (
         f"max by (namespace, pod, node) (kube_pod_info{{node!=\"\"}}) * on (namespace, pod) group_left () ({RUNNING})"
     )
@@ -687,7 +690,7 @@ def global_rule_groups(gpu: bool) -> list[dict]:
         # kube-state-metrics' taints and conditions, and the federated Xid/ECC counters.
         from corral.health.rules import rule_groups
 
-        groups += rule_groups()
+        groups += rule_groups(acted_on_xids)
     return groups
 
 
@@ -752,7 +755,9 @@ def config_files(cluster: Cluster, gpu: bool) -> dict[str, str]:
     shards = shard_count(cluster)
     files = {
         "prometheus.yml": global_config(cluster, shards),
-        "corral-rules.yml": prometheus_rules(global_rule_groups(gpu) + control_plane_rule_groups(cluster)),
+        "corral-rules.yml": prometheus_rules(global_rule_groups(gpu, [*cluster.health.xid.fatal,
+                                                                      *cluster.health.xid.degraded])
+                                             + control_plane_rule_groups(cluster)),
         "corral-shard-rules.yml": prometheus_rules(shard_rule_groups(gpu)),
     }
     for i in range(shards):

@@ -39,8 +39,12 @@ TESTS = {
                 # gpu-002 joins the unhealthy ones at minute 25: 2 of 5 (40%) of the pool.
                 {"series": TAINT % ("gpu-002", "corral.dev/unhealthy", "RoCELinkFault", "NoSchedule"),
                  "values": "_x25 1x34"},
-                {"series": 'DCGM_FI_DEV_XID_ERRORS{node="gpu-001", gpu="3", modelName="H100"}',
-                 "values": "0x4 79x55"},
+                # gpu-001 GPU 3: Xid 79 at minute 4, counted for dcgm-exporter's 5-minute window.
+                {"series": 'DCGM_EXP_XID_ERRORS_COUNT{node="gpu-001", gpu="3", modelName="H100", xid="79"}',
+                 "values": "_x4 1x5 _x50"},
+                # gpu-002 GPU 0: a job's own Xid 13 (RESTART_APP) over and over: never an alert.
+                {"series": 'DCGM_EXP_XID_ERRORS_COUNT{node="gpu-002", gpu="0", modelName="H100", xid="13"}',
+                 "values": "3x59"},
             ],
             "promql_expr_test": [
                 {"expr": "pool:corral_gpu_nodes_unhealthy:ratio", "eval_time": "2m",
@@ -76,9 +80,13 @@ TESTS = {
                 {"alertname": "GPUPoolUnhealthy", "eval_time": "21m", "exp_alerts": [
                     {"exp_labels": {"severity": "critical", "label_corral_dev_pool": "h100"},
                      "exp_annotations": {"summary": "20% of pool h100 is unhealthy"}}]},
+                {"alertname": "GPUXidError", "eval_time": "3m", "exp_alerts": []},
                 {"alertname": "GPUXidError", "eval_time": "7m", "exp_alerts": [
-                    {"exp_labels": {"severity": "critical", "node": "gpu-001", "gpu": "3", "modelName": "H100"},
-                     "exp_annotations": {"summary": "GPU 3 on gpu-001 reports XID 79"}}]},
+                    {"exp_labels": {"severity": "critical", "node": "gpu-001", "gpu": "3", "modelName": "H100",
+                                    "xid": "79"},
+                     "exp_annotations": {"summary": "GPU 3 on gpu-001 reported Xid 79 (1 in the last window)"}}]},
+                # Out of the window, the alert ends: the last Xid no longer hangs on for ever.
+                {"alertname": "GPUXidError", "eval_time": "20m", "exp_alerts": []},
             ],
         }
     ],

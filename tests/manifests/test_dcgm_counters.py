@@ -27,7 +27,7 @@ from corral.model import load_fleet
 
 ROOT = Path(__file__).resolve().parents[2]
 FLEET = load_fleet([ROOT / "clusters"])
-DCGM_NAME = re.compile(r"\bDCGM_FI_[A-Z0-9_]+\b")
+DCGM_NAME = re.compile(r"\bDCGM_(?:FI|EXP)_[A-Z0-9_]+\b")
 PROMETHEUS_TYPES = {"gauge", "counter", "histogram", "summary", "label"}  # dcgm-exporter's promMetricType
 
 
@@ -77,7 +77,7 @@ def test_every_dcgm_counter_corral_reads_is_in_the_counters_file(name):
     collected = set(parse(counters_file(FLEET.clusters[name])))
     read = read_by_corral()
     # The rules do read DCGM counters: the check is not vacuous.
-    assert {"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+    assert {"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_EXP_XID_ERRORS_COUNT", "DCGM_FI_DEV_ROW_REMAP_FAILURE",
             "DCGM_FI_DEV_GPU_UTIL"} <= set().union(*read.values())
     assert missing(collected, read) == {}
 
