@@ -48,7 +48,7 @@ def agent_config(cluster: Cluster) -> dict:
             continue
         cloud = isinstance(pool, CloudPool)
         roce = getattr(pool, "roce", None)
-        published = baselines.baseline(pool.gpu.model, pool.gpu.count)
+        published = baselines.pool_baseline(pool)
         pools[pool.name] = {
             "gpu_model": pool.gpu.model,
             "gpu_count": pool.gpu.count,

@@ -3,6 +3,6 @@
 
 from __future__ import annotations
 
-from corral.model.nccl_baselines import BASELINES, MESSAGE_BYTES, Baseline, baseline
+from corral.model.nccl_baselines import BASELINES, MESSAGE_BYTES, Baseline, baseline, pool_baseline
 
-__all__ = ["BASELINES", "MESSAGE_BYTES", "Baseline", "baseline"]
+__all__ = ["BASELINES", "MESSAGE_BYTES", "Baseline", "baseline", "pool_baseline"]

@@ -51,3 +51,26 @@ BASELINES: tuple[Baseline, ...] = (
 def baseline(gpu_model: str, gpus: int) -> Baseline | None:
     """The published baseline for `gpus` GPUs of `gpu_model` in one node, or None."""
     return next((b for b in BASELINES if b.gpu_model == gpu_model and b.gpus == gpus), None)
+
+
+def pool_baseline(pool) -> Baseline | None:
+    """The baseline a GPU pool's nodes are held to, or None (then the cluster file names a floor).
+
+    Every figure above was measured on GPUs joined by a switch fabric (the SXM parts on NVSwitch; the
+    GB200 tray's NVLink). The GPU catalog names a chip once, so PCIe and NVL cards share the name (an
+    H100 NVL is an H100, an A100 PCIe an A100) while their all-reduce runs over PCIe at a fraction of
+    it. So a pool gets a baseline only where its GPUs are on that fabric: an on-prem pool that runs the
+    fabric manager (gpu.fabricManager: an NVSwitch board), a cloud pool whose machine type is not known
+    to be without NVSwitch (gpu_catalog: False are the PCIe cards; None, where the cloud does not say
+    how the VM sees the switches, are SXM parts)."""
+    from .gpu_catalog import gpu_machine
+
+    gpu = pool.gpu
+    if gpu is None:
+        return None
+    if pool.provider == "onprem":
+        on_fabric = bool(gpu.fabric_manager)
+    else:
+        machine = gpu_machine(pool.provider, pool.machine_type)
+        on_fabric = machine is not None and machine.nvswitch is not False
+    return baseline(gpu.model, gpu.count) if on_fabric else None

@@ -20,7 +20,7 @@ from .gpu_catalog import (
 )
 from .mtu import flannel_mtu_limit
 from .namespaces import reserved_namespace
-from .nccl_baselines import baseline
+from .nccl_baselines import pool_baseline
 from .regions import region_error, zone_error
 from .vm_disk_limits import vm_disk_caps
 from .schema import (
@@ -666,7 +666,7 @@ def _burn_in_baselines(cluster: Cluster) -> Iterator[Finding]:
     for i, pool in enumerate(cluster.node_pools):
         gpu = pool.gpu
         # One GPU: no all-reduce to measure (busbw = algbw * 2(n-1)/n).
-        if gpu is None or gpu.count < 2 or gpu.model in burn_in.nccl_min_bus_gbps or baseline(gpu.model, gpu.count):
+        if gpu is None or gpu.count < 2 or gpu.model in burn_in.nccl_min_bus_gbps or pool_baseline(pool):
             continue
         if isinstance(pool, CloudPool) and next(_cloud_gpu(pool, ("nodePools", i)), None):
             continue    # its gpu block is refused already (_cloud_gpu): the baseline waits for the real model and count

@@ -354,3 +354,37 @@ def test_a_lost_result_write_is_written_again_not_burned_in_again(agent, node_en
     assert len(host_calls(node_env)) == 2 and api.burn_in() == passed
     agent.once(api, node_env["config"], "gpu-001")
     assert api.taint_keys() == {"nvidia.com/gpu": "present"}
+
+
+# --- PCIe and NVL cards share their SXM sibling's name, not its fabric ------------------------
+
+
+def test_a_pool_of_pcie_cards_is_not_held_to_the_nvswitch_baseline(tmp_path):
+    """The published baselines were measured on NVSwitch boards; an 8 x H100 server of PCIe (or NVL)
+    cards, which the catalog also calls H100 and which runs no fabric manager, all-reduces over PCIe at a
+    fraction of it: without its own floor every burn-in would fail, so the file is refused at load."""
+    text = (ROOT / "clusters" / "jaguar.yaml").read_text().replace("fabricManager: true", "fabricManager: false")
+    path = tmp_path / "jaguar.yaml"
+    path.write_text(text)
+    with pytest.raises(ValidationFailed) as refused:
+        load_cluster(path)
+    messages = [f"{p.field_path}: {p.message}" for p in refused.value.problems]
+    assert any(m.startswith("health.burnIn.ncclMinBusGBps.H100: no published all-reduce baseline for 8 x H100")
+               for m in messages), messages
+    # With a floor of its own it loads, and the agent holds the pool to that floor, not to 466 GB/s.
+    path.write_text(text + "health:\n  burnIn:\n    ncclMinBusGBps: {H100: 40}\n")
+    pools = addon.agent_config(load_cluster(path))["pools"]
+    assert pools["gpu-h100-sf1"]["burn_in"] == {"baseline_gbps": None, "min_bus_gbps": 40}
+    # The NVSwitch pools of the example keep the published baseline.
+    assert addon.agent_config(cluster("jaguar"))["pools"]["gpu-h100-sf1"]["burn_in"]["baseline_gbps"] == 466.35
+
+
+def test_a_cloud_machine_of_nvl_cards_gets_no_baseline_and_an_sxm_machine_keeps_it():
+    from corral.model.nccl_baselines import pool_baseline
+
+    ibis = cluster("ibis")
+    sxm = ibis.pool("gpu-a100")                       # a2-highgpu-8g: A100 SXM4 on NVSwitch
+    assert pool_baseline(sxm).bus_gbps == 228.10
+    nvl = sxm.model_copy(update={"provider": "azure", "machine_type": "Standard_NC80adis_H100_v5"})
+    nvl.gpu = nvl.gpu.model_copy(update={"model": "H100", "count": 8})
+    assert pool_baseline(nvl) is None                 # the catalog's NVL machine: nvswitch False
