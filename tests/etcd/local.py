@@ -95,7 +95,10 @@ class LocalCluster:
         endpoints = [m.client_url for m in self.members.values() if m.process]
         return Etcdctl(endpoints, tls=self.client_tls, **kwargs)
 
-    def wait_healthy(self, timeout: float = 30) -> None:
+    def wait_healthy(self, timeout: float = 90) -> None:
+        # 90 s, not 30: three members electing a leader on two cores that also run the hostlab and
+        # the quickstart's inner suite took longer than 30 s once (a CI run of 2026-12-07, one member
+        # still "unhealthy cluster"); a healthy cluster returns at the first poll either way.
         deadline = time.monotonic() + timeout
         while True:
             health = self.ctl().endpoint_health()
