@@ -242,7 +242,7 @@ def with_sites(data: dict) -> None:
     data["nodePools"].append({
         "name": "gpu-h100-pdx1", "provider": "onprem", "site": "pdx1",
         "hosts": ["gpu-[001:016].pdx1.internal"],
-        "gpu": {"model": "H100", "count": 8, "driver": "550.127.05"},
+        "gpu": {"model": "H100", "count": 8, "driver": "550.127.05", "fabricManager": True},
     })
 
 

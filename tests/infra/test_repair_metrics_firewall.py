@@ -26,7 +26,7 @@ from tests.infra import test_gcp as gcp_plans
 ONPREM_GPU_POOL = {
     "name": "gpu-h100-lab", "provider": "onprem", "site": "lab",
     "hosts": ["gpu-[001:004].lab.internal"],
-    "gpu": {"model": "H100", "count": 8, "driver": "550.127.05"},
+    "gpu": {"model": "H100", "count": 8, "driver": "550.127.05", "fabricManager": True},
 }
 
 
