@@ -98,8 +98,6 @@ HARDWARE_ACTIONS = frozenset({"CHECK_MECHANICALS"})
 # each of them, and corral does not drain P2P traffic itself).
 RECOVERY_ACTION_XID = 154
 RECOVERY_ACTION = re.compile(r"recovery action changed from 0x[0-9a-fA-F]+(?: \([^)]*\))? to 0x(?P<action>[0-9a-fA-F]+)")
-RECOVERY_ACTIONS = {0: "none", 1: "GPU reset", 2: "node reboot", 3: "drain P2P", 4: "drain and reset",
-                    5: "GPU reset (bus)"}
 # Drain actions leave the GPU's unaffected work running ("reduced capacity"): no new work, no eviction.
 DRAIN_RECOVERY_ACTIONS = frozenset({3, 4})
 # Where corral is stricter than the immediate action, and why (docs/gpu-health.md):
